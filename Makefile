@@ -1,0 +1,57 @@
+# grlib workbench. Every target installs what it needs into .venv on first use, and skips the
+# install when nothing it depends on changed (stamp files inside .venv).
+#
+#   make reproduce   dvc repro at params.yaml's scale (laptop): tables, figures, executed notebooks
+#   make test        pytest: unit, property, pipeline, notebooks (nbmake)
+#   make lab         JupyterLab on notebooks/ (127.0.0.1:8888)
+#   make bench       every benchmark command at the laptop scale (rows in results/tables/bench_*)
+#   make setup       only the environment and the compiled kernels
+
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip --disable-pip-version-check
+export PATH := $(abspath $(VENV))/bin:$(PATH)
+export MAX_JOBS ?= 2
+
+DEPS_STAMP := $(VENV)/.deps-installed
+KERNEL_STAMP := $(VENV)/.kernels-built
+KERNEL_SOURCES := $(wildcard kernels/cpu/*.cpp kernels/cpu/*.h) setup.py
+
+.PHONY: setup reproduce test lab bench clean-venv
+
+setup: $(KERNEL_STAMP)
+
+$(DEPS_STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PIP) install -q torch==2.13.0
+	GRLIB_SKIP_EXT=1 $(PIP) install -q --no-build-isolation -e '.[test]'
+	mkdir -p $(VENV)/etc/jupyter
+	printf "c.IPKernelApp.log_level = 'ERROR'\n" > $(VENV)/etc/jupyter/ipython_kernel_config.py
+	touch $@
+
+$(KERNEL_STAMP): $(DEPS_STAMP) $(KERNEL_SOURCES)
+	$(PY) setup.py -q build_ext --inplace
+	$(PY) -c "import grlib._C, torch; print('grlib._C built, openmp:', grlib._C.openmp)"
+	touch $@
+
+.dvc/config: | $(DEPS_STAMP)
+	test -d .git || git init -q
+	dvc init -q
+	dvc config core.analytics false
+
+reproduce: $(KERNEL_STAMP) .dvc/config
+	dvc repro
+	dvc metrics show
+
+test: $(KERNEL_STAMP)
+	$(PY) -m pytest -q
+
+lab: $(KERNEL_STAMP)
+	jupyter lab --no-browser --ip=127.0.0.1 --port=8888 notebooks/
+
+bench: $(KERNEL_STAMP)
+	$(PY) -m grlib bench ops --scale laptop --json results/metrics/bench_ops.json
+
+clean-venv:
+	rm -rf $(VENV) build

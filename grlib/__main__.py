@@ -1,0 +1,5 @@
+import sys
+
+from grlib.cli import main
+
+sys.exit(main())

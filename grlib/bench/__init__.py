@@ -1,0 +1,36 @@
+"""Benchmark commands (`python -m grlib bench NAME`): each prints a table, writes result rows and
+optionally JSON, and measures its baseline in the same run.
+
+Each entry of BENCHES names a module with `add_arguments(parser)` and `run(args) -> list[dict]`.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+from pathlib import Path
+
+BENCHES = {
+    "ops": "grlib.bench.ops",
+}
+
+
+def add_bench_parser(sub: argparse._SubParsersAction) -> None:
+    bench = sub.add_parser("bench", help="benchmarks (each prints a table and appends result rows)")
+    names = bench.add_subparsers(dest="bench", required=True)
+    for name, module in BENCHES.items():
+        mod = importlib.import_module(module)
+        p = names.add_parser(name, help=(mod.__doc__ or "").strip().splitlines()[0])
+        p.add_argument("--json", default=None, help="also write the rows as a JSON list to this path")
+        p.add_argument("--scale", default=None, help="named scale from params.yaml (default: smoke)")
+        mod.add_arguments(p)
+        p.set_defaults(func=lambda args, mod=mod: _run(mod, args))
+
+
+def _run(mod, args: argparse.Namespace) -> int:
+    from grlib.results import atomic_write_bytes
+
+    rows = mod.run(args)
+    if args.json:
+        atomic_write_bytes(Path(args.json), (json.dumps(rows, indent=2) + "\n").encode())
+    return 0

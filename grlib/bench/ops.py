@@ -1,0 +1,52 @@
+"""Jagged conversion and reduction ops: reference vs fbgemm vs compiled cpu, forward+backward.
+
+Lengths follow KuaiRand-27K scaled so p99 = max_len. Ratios are against `reference` measured in
+the same run; rows go to results/tables/bench_ops.parquet.
+"""
+from __future__ import annotations
+
+import argparse
+
+import torch
+
+from grlib import ops, results
+from grlib.bench.common import kuairand_lengths, median_ms, print_table
+from grlib.config import load_config
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--batch", type=int, default=256, help="sequences per batch")
+    p.add_argument("--max-len", type=int, default=512)
+    p.add_argument("--dim", type=int, default=128)
+    p.add_argument("--repeats", type=int, default=7)
+
+
+def _cases(values: torch.Tensor, offsets: torch.Tensor, max_len: int):
+    return {
+        "jagged_to_padded": lambda impl: ops.jagged_to_padded(values, offsets, max_len, impl=impl),
+        "segment_sum": lambda impl: ops.segment_sum(values, offsets, impl=impl),
+    }
+
+
+def run(args: argparse.Namespace) -> list[dict]:
+    cfg = load_config(args.scale or "smoke")
+    lengths = torch.from_numpy(kuairand_lengths(args.batch, args.max_len, "scaled"))
+    offsets = ops.offsets_from_lengths(lengths)
+    values = torch.randn(int(lengths.sum()), args.dim, requires_grad=True)
+    rows = []
+    for op, fn in _cases(values, offsets, args.max_len).items():
+        base = None
+        for impl in ops.implementations(op):
+            def step(fn=fn, impl=impl):
+                out = fn(impl)
+                out.backward(torch.ones_like(out))
+                values.grad = None
+            ms = median_ms(step, repeats=args.repeats)
+            base = ms if impl == "reference" else base
+            rows.append({"op": op, "impl": impl, "batch": args.batch, "max_len": args.max_len,
+                         "dim": args.dim, "tokens": int(lengths.sum()), "fwd_bwd_ms": ms,
+                         "speedup_vs_reference": base / ms if base else float("nan")})
+    print_table(rows, f"bench ops: B={args.batch} max_len={args.max_len} D={args.dim} "
+                      f"(tokens {int(lengths.sum())}, {int(lengths.sum()) / (args.batch * args.max_len):.0%} of padded)")
+    results.append_rows("bench_ops", rows, cfg)
+    return rows

@@ -1,0 +1,262 @@
+"""Typed configuration: one dataclass per section, loaded from a named scale in params.yaml.
+
+params.yaml holds `scale` (the default scale of `dvc repro`), `scales` (smoke, laptop, server,
+paper: each a dict of sections) and `ablations` (the grids each experiment sweeps). A notebook
+loads a scale and overrides single fields from its parameters cell:
+
+    cfg = load_config("smoke", {"model.n_layers": 2, "train": {"lr": 3e-4}})
+
+Unknown scales, sections or fields raise ConfigError listing the valid ones; a value of the wrong
+type or out of range raises ConfigError naming the field.
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from grlib import paths
+
+
+class ConfigError(ValueError):
+    """A bad scale, section, field or value in params.yaml or an override."""
+
+
+def _check(cond: bool, name: str, msg: str) -> None:
+    if not cond:
+        raise ConfigError(f"{name}: {msg}")
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    dataset: str = "synthetic"  # synthetic | kuairand-pure | kuairand-1k | kuairand-27k | ml-100k
+    n_users: int = 200  # synthetic only: users to generate
+    length_factor: float = 0.01  # synthetic only: scales the KuaiRand-27K per-user lengths
+    n_items: int = 2000  # synthetic only: catalogue size
+    max_len: int = 64  # history tokens kept per user (the most recent ones)
+    min_item_count: int = 1  # items seen fewer times map to the out-of-vocabulary id
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        valid = ("synthetic", "kuairand-pure", "kuairand-1k", "kuairand-27k", "ml-100k")
+        _check(self.dataset in valid, "data.dataset", f"{self.dataset!r} is not one of {valid}")
+        _check(self.n_users > 0, "data.n_users", f"must be > 0, got {self.n_users}")
+        _check(self.length_factor > 0, "data.length_factor", f"must be > 0, got {self.length_factor}")
+        _check(self.n_items > 1, "data.n_items", f"must be > 1, got {self.n_items}")
+        _check(self.max_len >= 2, "data.max_len", f"must be >= 2, got {self.max_len}")
+        _check(self.min_item_count >= 1, "data.min_item_count", f"must be >= 1, got {self.min_item_count}")
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    name: str = "hstu"  # hstu | sasrec | popularity
+    n_layers: int = 1
+    n_heads: int = 1
+    d_model: int = 32  # item embedding and hidden size; per-head dims are d_model // n_heads
+    dropout: float = 0.2
+    attention_impl: str = "auto"  # auto | reference | fbgemm | cpu | triton | npu (see grlib.ops)
+
+    def __post_init__(self) -> None:
+        _check(self.name in ("hstu", "sasrec", "popularity"), "model.name",
+               f"{self.name!r} is not one of ('hstu', 'sasrec', 'popularity')")
+        _check(self.n_layers >= 1, "model.n_layers", f"must be >= 1, got {self.n_layers}")
+        _check(self.n_heads >= 1, "model.n_heads", f"must be >= 1, got {self.n_heads}")
+        _check(self.d_model % self.n_heads == 0, "model.d_model",
+               f"{self.d_model} is not divisible by model.n_heads={self.n_heads}")
+        _check(0.0 <= self.dropout < 1.0, "model.dropout", f"must be in [0, 1), got {self.dropout}")
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    epochs: int = 1
+    batch_size: int = 32
+    lr: float = 1e-3
+    weight_decay: float = 0.0
+    n_negatives: int = 128  # uniform sampled-softmax negatives per target token
+    temperature: float = 0.05
+    max_steps: int = 0  # 0 = no cap beyond epochs
+    eval_batch_size: int = 256
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        for name in ("epochs", "batch_size", "n_negatives", "eval_batch_size"):
+            _check(getattr(self, name) >= 1, f"train.{name}", f"must be >= 1, got {getattr(self, name)}")
+        _check(self.lr > 0, "train.lr", f"must be > 0, got {self.lr}")
+        _check(self.weight_decay >= 0, "train.weight_decay", f"must be >= 0, got {self.weight_decay}")
+        _check(self.temperature > 0, "train.temperature", f"must be > 0, got {self.temperature}")
+        _check(self.max_steps >= 0, "train.max_steps", f"must be >= 0, got {self.max_steps}")
+
+
+@dataclass(frozen=True)
+class Config:
+    """One scale's resolved configuration."""
+
+    scale: str
+    data: DataConfig = field(default_factory=DataConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def params_hash(self) -> str:
+        """sha256 (12 hex digits) of every field except the scale's name."""
+        body = {k: v for k, v in self.to_dict().items() if k != "scale"}
+        return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()[:12]
+
+    def replace(self, overrides: dict[str, Any]) -> "Config":
+        return _apply(self, _nest(overrides), "")
+
+
+SECTIONS: dict[str, type] = {f.name: f.type for f in dataclasses.fields(Config) if f.name != "scale"}
+
+
+def _resolve_type(cls: type, name: str) -> Any:
+    return typing.get_type_hints(cls)[name]
+
+
+def _coerce(value: Any, typ: Any, name: str) -> Any:
+    """Checks (and losslessly converts) a YAML/JSON value to a field's declared type."""
+    origin = typing.get_origin(typ)
+    if origin in (list, tuple):
+        _check(isinstance(value, (list, tuple)), name, f"expected a list, got {value!r}")
+        (inner, *_) = typing.get_args(typ) or (Any,)
+        items = [_coerce(v, inner, f"{name}[{i}]") for i, v in enumerate(value)]
+        return tuple(items) if origin is tuple else items
+    if origin in (typing.Union, types.UnionType):
+        errors = []
+        for option in typing.get_args(typ):
+            if option is type(None) and value is None:
+                return None
+            try:
+                return _coerce(value, option, name)
+            except ConfigError as err:
+                errors.append(str(err))
+        raise ConfigError(f"{name}: {value!r} matches none of {typ}")
+    if typ is Any:
+        return value
+    if typ is bool:
+        _check(isinstance(value, bool), name, f"expected true/false, got {value!r}")
+        return value
+    if typ is int:
+        _check(isinstance(value, int) and not isinstance(value, bool), name, f"expected an integer, got {value!r}")
+        return value
+    if typ is float:
+        if isinstance(value, str):  # YAML reads 1e-3 as a string
+            try:
+                value = float(value)
+            except ValueError:
+                raise ConfigError(f"{name}: expected a number, got {value!r}") from None
+        _check(isinstance(value, (int, float)) and not isinstance(value, bool), name,
+               f"expected a number, got {value!r}")
+        return float(value)
+    if typ is str:
+        _check(isinstance(value, str), name, f"expected a string, got {value!r}")
+        return value
+    if dataclasses.is_dataclass(typ):
+        _check(isinstance(value, dict), name, f"expected a mapping, got {value!r}")
+        return _apply(typ(), value, name + ".")
+    raise ConfigError(f"{name}: unsupported field type {typ}")
+
+
+def _nest(overrides: dict[str, Any]) -> dict[str, Any]:
+    """{'model.n_layers': 2} -> {'model': {'n_layers': 2}} (nested dicts pass through)."""
+    nested: dict[str, Any] = {}
+    for key, value in overrides.items():
+        parts = key.split(".")
+        node = nested
+        for part in parts[:-1]:
+            node = node.setdefault(part, {})
+        if isinstance(value, dict) and isinstance(node.get(parts[-1]), dict):
+            node[parts[-1]].update(value)
+        else:
+            node[parts[-1]] = value
+    return nested
+
+
+def _apply(obj: Any, values: dict[str, Any], prefix: str) -> Any:
+    """Returns obj (a dataclass instance) with the fields in `values` replaced, type-checked."""
+    cls = type(obj)
+    names = [f.name for f in dataclasses.fields(cls) if not (cls is Config and f.name == "scale")]
+    changes = {}
+    for key, value in values.items():
+        if key not in names:
+            what = "section" if cls is Config else "parameter"
+            raise ConfigError(
+                f"unknown {what} {prefix + key!r}; valid {prefix.rstrip('.') or 'top-level'} "
+                f"{what}s: {', '.join(names)}"
+            )
+        typ = _resolve_type(cls, key)
+        if dataclasses.is_dataclass(typ):
+            _check(isinstance(value, dict), prefix + key, f"expected a mapping, got {value!r}")
+            changes[key] = _apply(getattr(obj, key), value, f"{prefix}{key}.")
+        else:
+            changes[key] = _coerce(value, typ, prefix + key)
+    try:
+        return dataclasses.replace(obj, **changes)
+    except ConfigError:
+        raise
+    except TypeError as err:  # pragma: no cover - guarded by the name check above
+        raise ConfigError(f"{prefix}: {err}") from None
+
+
+def read_params(path: Path | None = None) -> dict[str, Any]:
+    path = path or paths.params_path()
+    with open(path) as fh:
+        params = yaml.safe_load(fh)
+    if not isinstance(params, dict) or "scales" not in params:
+        raise ConfigError(f"{path}: expected a mapping with a 'scales' section")
+    return params
+
+
+def scale_names(params: dict[str, Any] | None = None) -> list[str]:
+    return list((params or read_params())["scales"])
+
+
+def default_scale(params: dict[str, Any] | None = None) -> str:
+    return (params or read_params()).get("scale", "smoke")
+
+
+def load_config(scale: str | None = None, overrides: dict[str, Any] | None = None,
+                params: dict[str, Any] | None = None) -> Config:
+    """The Config of a named scale from params.yaml with `overrides` applied on top."""
+    params = params or read_params()
+    scale = scale or default_scale(params)
+    scales = params["scales"]
+    if scale not in scales:
+        raise ConfigError(f"unknown scale {scale!r}; valid scales: {', '.join(scales)}")
+    cfg = _apply(Config(scale=scale), scales[scale] or {}, "")
+    return cfg.replace(overrides or {})
+
+
+@dataclass(frozen=True)
+class TrainAblation:
+    """The grid of the training experiment (notebooks/02_train)."""
+
+    models: list[str] = field(default_factory=lambda: ["hstu", "sasrec", "popularity"])
+    seeds: list[int] = field(default_factory=lambda: [0])
+
+    def __post_init__(self) -> None:
+        for m in self.models:
+            _check(m in ("hstu", "sasrec", "popularity"), "ablations.train.models", f"unknown model {m!r}")
+        _check(len(self.seeds) >= 1, "ablations.train.seeds", "needs at least one seed")
+
+
+ABLATIONS: dict[str, type] = {"train": TrainAblation}
+
+
+def load_ablation(name: str, overrides: dict[str, Any] | None = None,
+                  params: dict[str, Any] | None = None) -> Any:
+    """The typed grid of one experiment from params.yaml's `ablations` section."""
+    if name not in ABLATIONS:
+        raise ConfigError(f"unknown ablation {name!r}; valid ablations: {', '.join(ABLATIONS)}")
+    values = dict((params or read_params()).get("ablations", {}).get(name) or {})
+    values.update(overrides or {})
+    return _apply(ABLATIONS[name](), values, f"ablations.{name}.")

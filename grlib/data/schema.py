@@ -1,0 +1,52 @@
+"""The KuaiRand log schema (19 columns, all versions) and the action bitmask."""
+from __future__ import annotations
+
+import polars as pl
+
+LOG_SCHEMA: dict[str, pl.DataType] = {
+    "user_id": pl.Int64,
+    "video_id": pl.Int64,
+    "date": pl.Int64,  # YYYYMMDD
+    "hourmin": pl.Int64,  # HHMM
+    "time_ms": pl.Int64,  # unix epoch milliseconds
+    "is_click": pl.Int8,
+    "is_like": pl.Int8,
+    "is_follow": pl.Int8,
+    "is_comment": pl.Int8,
+    "is_forward": pl.Int8,
+    "is_hate": pl.Int8,
+    "long_view": pl.Int8,
+    "play_time_ms": pl.Int64,
+    "duration_ms": pl.Int64,
+    "profile_stay_time": pl.Int64,
+    "comment_stay_time": pl.Int64,
+    "is_profile_enter": pl.Int8,
+    "is_rand": pl.Int8,
+    "tab": pl.Int64,
+}
+LOG_COLUMNS = tuple(LOG_SCHEMA)
+
+# Public practice (generative-recommenders dlrm_v3, NVIDIA recsys-examples).
+ACTION_BITS: dict[str, int] = {
+    "is_click": 1,
+    "is_like": 2,
+    "is_follow": 4,
+    "is_comment": 8,
+    "is_forward": 16,
+    "is_hate": 32,
+    "long_view": 64,
+    "is_profile_enter": 128,
+}
+N_ACTION_CODES = 256  # every bitmask value
+
+PAD_ID = 0  # padding / "no target"
+OOV_ID = 1  # items below min_item_count
+FIRST_ITEM_ID = 2
+
+
+def action_mask_expr() -> pl.Expr:
+    """The action bitmask of a log row as a polars expression (Int16)."""
+    expr = pl.lit(0, dtype=pl.Int16)
+    for column, bit in ACTION_BITS.items():
+        expr = expr + (pl.col(column).cast(pl.Int16).clip(0, 1) * bit)
+    return expr.alias("action")

@@ -1,0 +1,176 @@
+"""Raw log rows -> per-user sequences with leave-one-out splits, and their jagged batches.
+
+Sequences table (one row per user, parquet):
+    user_id     int64
+    item_ids    list[int32]   dense vocabulary ids (0 pad, 1 out-of-vocabulary, 2.. by frequency)
+    actions     list[int16]   action bitmask (grlib.data.schema.ACTION_BITS)
+    timestamps  list[int64]   seconds
+    is_target   list[bool]    events the model is asked to predict (default: clicks)
+    val_pos     int32         index of the validation target (second-last target)
+    test_pos    int32         index of the test target (last target)
+
+All events are context; only targets are predicted. Training uses events before val_pos;
+validation predicts events[val_pos] from the max_len events before it; test predicts
+events[test_pos] likewise. Users with fewer than 3 targets are dropped. Each sequence is cut so
+that it starts at most max_len events before val_pos (older events are never used).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import polars as pl
+import torch
+
+from grlib.data.schema import FIRST_ITEM_ID, OOV_ID, action_mask_expr
+
+
+def build_vocab(log: pl.LazyFrame, min_item_count: int) -> pl.DataFrame:
+    """video_id -> item_id, most frequent first, items below min_item_count left out (-> OOV)."""
+    counts = (log.group_by("video_id").agg(pl.len().alias("count"))
+              .filter(pl.col("count") >= min_item_count)
+              .sort(["count", "video_id"], descending=[True, False]).collect())
+    return counts.with_columns(
+        (pl.int_range(pl.len(), dtype=pl.Int32) + FIRST_ITEM_ID).alias("item_id"))
+
+
+def build_sequences(log: pl.LazyFrame | pl.DataFrame, max_len: int, min_item_count: int = 1,
+                    target: str = "is_click") -> tuple[pl.DataFrame, pl.DataFrame]:
+    """Returns (sequences, vocab). `target` names the 0/1 log column that marks targets."""
+    log = log.lazy()
+    vocab = build_vocab(log, min_item_count)
+    events = (
+        log.join(vocab.lazy().select("video_id", "item_id"), on="video_id", how="left")
+        .select(
+            "user_id", "time_ms",
+            pl.col("item_id").fill_null(OOV_ID).cast(pl.Int32).alias("item_ids"),
+            action_mask_expr().alias("actions"),
+            (pl.col("time_ms") // 1000).alias("timestamps"),
+            (pl.col(target) > 0).alias("is_target"),
+        )
+        .sort(["user_id", "time_ms"])
+    )
+    seqs = events.group_by("user_id", maintain_order=True).agg(
+        "item_ids", "actions", "timestamps", "is_target")
+    target_idx = pl.col("is_target").list.eval(pl.arg_where(pl.element()))
+    seqs = (seqs.with_columns(target_idx.alias("_t"))
+            .filter(pl.col("_t").list.len() >= 3)
+            .with_columns(pl.col("_t").list.get(-1).cast(pl.Int64).alias("test_pos"),
+                          pl.col("_t").list.get(-2).cast(pl.Int64).alias("val_pos"))
+            .with_columns((pl.col("val_pos") - max_len).clip(lower_bound=0).alias("_start")))
+    cols = ["item_ids", "actions", "timestamps", "is_target"]
+    seqs = seqs.with_columns(
+        *[pl.col(c).list.slice(pl.col("_start")) for c in cols],
+        (pl.col("val_pos") - pl.col("_start")).cast(pl.Int32).alias("val_pos"),
+        (pl.col("test_pos") - pl.col("_start")).cast(pl.Int32).alias("test_pos"),
+    ).select("user_id", *cols, "val_pos", "test_pos")
+    return seqs.collect(), vocab
+
+
+def sequence_stats(seqs: pl.DataFrame, vocab: pl.DataFrame) -> dict[str, float | int]:
+    lengths = seqs["item_ids"].list.len()
+    q = {f"length_p{int(p * 100)}": float(lengths.quantile(p)) for p in (0.5, 0.9, 0.99)}
+    return {"users": seqs.height, "items": vocab.height, "events": int(lengths.sum()),
+            "targets": int(seqs["is_target"].list.sum().sum()),
+            "length_min": int(lengths.min() or 0), "length_max": int(lengths.max() or 0), **q}
+
+
+@dataclass
+class JaggedBatch:
+    """A batch of B sequences, T tokens in all (see grlib.ops.jagged for the layout)."""
+
+    item_ids: torch.Tensor  # [T] int64
+    actions: torch.Tensor  # [T] int64
+    timestamps: torch.Tensor  # [T] int64 seconds
+    offsets: torch.Tensor  # [B+1] int64
+    max_len: int
+    targets: torch.Tensor  # [T] int64 next item to predict after each token, 0 = none (train)
+    eval_targets: torch.Tensor | None = None  # [B] item to predict after the last token (val/test)
+    history: list[np.ndarray] | None = None  # per user: item ids seen before the eval target
+
+    @property
+    def batch_size(self) -> int:
+        return self.offsets.numel() - 1
+
+
+def ranges_to_index(starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
+    """Concatenation of arange(s, e) for each (s, e), without a Python loop."""
+    lengths = ends - starts
+    offsets = np.concatenate([[0], np.cumsum(lengths)])
+    return np.arange(offsets[-1]) - np.repeat(offsets[:-1] - starts, lengths)
+
+
+class SequenceData:
+    """A sequences table held as flat numpy arrays (values + per-user offsets)."""
+
+    def __init__(self, seqs: pl.DataFrame, n_items: int):
+        self.n_users = seqs.height
+        self.n_items = n_items  # vocabulary size including pad and OOV ids
+        lengths = seqs["item_ids"].list.len().to_numpy().astype(np.int64)
+        self.user_offsets = np.concatenate([[0], np.cumsum(lengths)])
+        self.items = seqs["item_ids"].explode().to_numpy().astype(np.int64)
+        self.actions = seqs["actions"].explode().to_numpy().astype(np.int64)
+        self.timestamps = seqs["timestamps"].explode().to_numpy().astype(np.int64)
+        self.is_target = seqs["is_target"].explode().to_numpy().astype(bool)
+        self.val_pos = seqs["val_pos"].to_numpy().astype(np.int64)
+        self.test_pos = seqs["test_pos"].to_numpy().astype(np.int64)
+
+    @classmethod
+    def load(cls, folder: Path) -> "SequenceData":
+        seqs = pl.read_parquet(folder / "sequences.parquet")
+        vocab = pl.read_parquet(folder / "vocab.parquet")
+        return cls(seqs, n_items=vocab.height + FIRST_ITEM_ID)
+
+    def train_item_counts(self) -> np.ndarray:
+        """[n_items] target counts in the training part (for the popularity baseline)."""
+        counts = np.zeros(self.n_items, dtype=np.int64)
+        idx = ranges_to_index(self.user_offsets[:-1], self.user_offsets[:-1] + self.val_pos)
+        np.add.at(counts, self.items[idx][self.is_target[idx]], 1)
+        return counts
+
+    def _batch(self, users: np.ndarray, ends: np.ndarray, max_len: int, with_targets: bool) -> JaggedBatch:
+        base = self.user_offsets[users]
+        starts = np.maximum(0, ends - max_len)
+        idx = ranges_to_index(base + starts, base + ends)
+        lengths = ends - starts
+        offsets = np.concatenate([[0], np.cumsum(lengths)])
+        targets = np.zeros(idx.size, dtype=np.int64)
+        if with_targets:  # token i predicts event i+1 when it is a target inside the window
+            nxt = idx + 1
+            last = np.zeros(idx.size, dtype=bool)
+            last[offsets[1:][lengths > 0] - 1] = True
+            ok = ~last
+            ok[ok] = self.is_target[nxt[ok]]
+            targets[ok] = self.items[nxt[ok]]
+        return JaggedBatch(
+            item_ids=torch.from_numpy(self.items[idx]),
+            actions=torch.from_numpy(self.actions[idx]),
+            timestamps=torch.from_numpy(self.timestamps[idx]),
+            offsets=torch.from_numpy(offsets.astype(np.int64)),
+            max_len=max_len,
+            targets=torch.from_numpy(targets),
+        )
+
+    def train_batches(self, batch_size: int, max_len: int, rng: np.random.Generator):
+        """Shuffled training batches: each user's events before val_pos (last max_len of them)."""
+        order = rng.permutation(self.n_users)
+        for i in range(0, self.n_users, batch_size):
+            users = order[i:i + batch_size]
+            yield self._batch(users, self.val_pos[users], max_len, with_targets=True)
+
+    def n_train_batches(self, batch_size: int) -> int:
+        return -(-self.n_users // batch_size)
+
+    def eval_batches(self, split: str, batch_size: int, max_len: int):
+        """Batches for 'val' or 'test': context = max_len events before the target."""
+        if split not in ("val", "test"):
+            raise ValueError(f"split must be 'val' or 'test', got {split!r}")
+        pos = self.val_pos if split == "val" else self.test_pos
+        for i in range(0, self.n_users, batch_size):
+            users = np.arange(i, min(i + batch_size, self.n_users))
+            batch = self._batch(users, pos[users], max_len, with_targets=False)
+            base = self.user_offsets[users]
+            batch.eval_targets = torch.from_numpy(self.items[base + pos[users]])
+            batch.history = [self.items[b:b + p] for b, p in zip(base, pos[users])]
+            yield batch

@@ -1,0 +1,1 @@
+"""One module per notebook: the whole logic of each pipeline stage, callable from tests."""

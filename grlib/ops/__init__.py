@@ -1,0 +1,111 @@
+"""Jagged ops with one dispatcher each: reference (padded torch), fbgemm, cpu (grlib._C), ...
+
+Every public op takes `impl="auto"` (choose by device, see registry.PREFERENCE) or an explicit
+implementation name. Feature dims after the token dim are flattened for the kernels and restored.
+
+    >>> v = torch.arange(5.).unsqueeze(1); o = torch.tensor([0, 2, 2, 5])
+    >>> jagged_to_padded(v, o, max_len=3)[..., 0]
+    tensor([[0., 1., 0.],
+            [0., 0., 0.],
+            [2., 3., 4.]])
+"""
+from __future__ import annotations
+
+import importlib
+import math
+
+from torch import Tensor
+
+from grlib.ops import registry
+from grlib.ops.jagged import Jagged, check_jagged, offsets_from_lengths
+from grlib.ops.registry import IMPLS, choose, implementations
+
+__all__ = [
+    "IMPLS", "Jagged", "choose", "implementations", "offsets_from_lengths",
+    "jagged_to_padded", "padded_to_jagged", "segment_sum", "segment_mean", "segment_expand",
+    "hstu_attention",
+]
+
+
+def _flat(t: Tensor) -> Tensor:
+    """[N, *F] -> [N, prod(F)] (also for N = 0)."""
+    return t.reshape(t.shape[0], math.prod(t.shape[1:]))
+
+
+def _loader(module: str, name: str):
+    return lambda: getattr(importlib.import_module(f"grlib.ops.{module}"), name)
+
+
+for _op in ("jagged_to_padded", "padded_to_jagged", "segment_sum", "segment_expand"):
+    registry.register(_op, "reference", _loader("reference", _op))
+    registry.register(_op, "cpu", _loader("cpu", _op))
+for _op in ("jagged_to_padded", "padded_to_jagged", "segment_sum"):
+    registry.register(_op, "fbgemm", _loader("fbgemm", _op))
+
+
+def jagged_to_padded(values: Tensor, offsets: Tensor, max_len: int, padding_value: float = 0.0,
+                     impl: str = "auto") -> Tensor:
+    """values [T, *F], offsets [B+1] -> [B, max_len, *F]; tokens past max_len are dropped."""
+    check_jagged(values, offsets)
+    if max_len < 0:
+        raise ValueError(f"max_len must be >= 0, got {max_len}")
+    fn = registry.resolve("jagged_to_padded", values.device, impl)
+    out = fn(_flat(values), offsets, max_len, padding_value)
+    return out.reshape(offsets.numel() - 1, max_len, *values.shape[1:])
+
+
+def padded_to_jagged(padded: Tensor, offsets: Tensor, total: int | None = None, impl: str = "auto") -> Tensor:
+    """padded [B, N, *F], offsets [B+1] -> values [T, *F]; tokens past N read as 0.
+
+    `total` (= offsets[-1]) avoids reading offsets back from the device when given."""
+    check_jagged(padded, offsets, "padded")
+    if padded.dim() < 2 or padded.shape[0] != offsets.numel() - 1:
+        raise ValueError(f"padded must be [B={offsets.numel() - 1}, N, ...], got {tuple(padded.shape)}")
+    total = int(offsets[-1]) if total is None else total
+    fn = registry.resolve("padded_to_jagged", padded.device, impl)
+    out = fn(padded.reshape(padded.shape[0], padded.shape[1], math.prod(padded.shape[2:])), offsets, total)
+    return out.reshape(total, *padded.shape[2:])
+
+
+def segment_sum(values: Tensor, offsets: Tensor, impl: str = "auto") -> Tensor:
+    """values [T, *F] -> [B, *F]: the sum over each sequence's tokens (0 for empty sequences)."""
+    check_jagged(values, offsets)
+    fn = registry.resolve("segment_sum", values.device, impl)
+    out = fn(_flat(values), offsets)
+    return out.reshape(offsets.numel() - 1, *values.shape[1:])
+
+
+def segment_mean(values: Tensor, offsets: Tensor, impl: str = "auto") -> Tensor:
+    """values [T, *F] -> [B, *F]: the mean over each sequence's tokens (0 for empty sequences)."""
+    lengths = (offsets[1:] - offsets[:-1]).clamp(min=1).to(values.dtype)
+    total = segment_sum(values, offsets, impl)
+    return total / lengths.reshape(-1, *([1] * (values.dim() - 1)))
+
+
+def segment_expand(x: Tensor, offsets: Tensor, total: int | None = None, impl: str = "auto") -> Tensor:
+    """x [B, *F] -> [T, *F]: each sequence's row repeated for each of its tokens."""
+    check_jagged(x, offsets, "x")
+    if x.shape[0] != offsets.numel() - 1:
+        raise ValueError(f"x must have B={offsets.numel() - 1} rows, got {x.shape[0]}")
+    total = int(offsets[-1]) if total is None else total
+    fn = registry.resolve("segment_expand", x.device, impl)
+    out = fn(_flat(x), offsets, total)
+    return out.reshape(total, *x.shape[1:])
+
+
+registry.register("hstu_attention", "reference", _loader("attention", "hstu_attention_reference"))
+
+
+def hstu_attention(q: Tensor, k: Tensor, v: Tensor, offsets: Tensor, max_len: int,
+                   alpha: float | None = None, pos_bias: Tensor | None = None,
+                   time_bias: Tensor | None = None, timestamps: Tensor | None = None,
+                   impl: str = "auto") -> Tensor:
+    """Jagged causal HSTU attention: q, k [T, H, Dqk], v [T, H, Dv] -> [T, H, Dv].
+
+    Contract and bias definitions: grlib/ops/attention.py."""
+    from grlib.ops.attention import check_attention_args, default_alpha
+
+    check_attention_args(q, k, v, offsets, max_len, pos_bias, time_bias, timestamps)
+    alpha = default_alpha(q.shape[-1]) if alpha is None else alpha
+    fn = registry.resolve("hstu_attention", q.device, impl)
+    return fn(q, k, v, offsets, max_len, alpha, pos_bias, time_bias, timestamps)

@@ -1,0 +1,57 @@
+"""One dispatcher for every jagged op: picks an implementation by device, or by explicit override.
+
+Implementations register a *loader* (a function returning the op) so that nothing heavy is
+imported, and no device probed, until an op is first used. `auto` takes the first implementation
+registered for the op in the device's preference order; a registered implementation that fails
+to load raises its own error (no silent fallback to a slower path).
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+IMPLS = ("reference", "fbgemm", "cpu", "triton", "npu")
+PREFERENCE = {
+    "cpu": ("cpu", "reference"),
+    "cuda": ("triton", "fbgemm", "reference"),
+    "npu": ("npu", "reference"),
+}
+
+_LOADERS: dict[str, dict[str, Callable[[], Callable]]] = {}
+_LOADED: dict[tuple[str, str], Callable] = {}
+
+
+def register(op: str, impl: str, loader: Callable[[], Callable]) -> None:
+    if impl not in IMPLS:
+        raise ValueError(f"unknown implementation {impl!r}; valid: {', '.join(IMPLS)}")
+    _LOADERS.setdefault(op, {})[impl] = loader
+
+
+def implementations(op: str) -> tuple[str, ...]:
+    if op not in _LOADERS:
+        raise KeyError(f"unknown op {op!r}; registered ops: {', '.join(sorted(_LOADERS))}")
+    return tuple(i for i in IMPLS if i in _LOADERS[op])
+
+
+def choose(op: str, device: torch.device | str, impl: str = "auto") -> str:
+    """The implementation `auto` resolves to for `op` on `device` (or `impl` itself, checked)."""
+    available = implementations(op)
+    if impl != "auto":
+        if impl not in available:
+            raise ValueError(f"{op}: implementation {impl!r} is not available; "
+                             f"registered: {', '.join(available)} (or 'auto')")
+        return impl
+    dev = torch.device(device).type
+    for candidate in PREFERENCE.get(dev, ("reference",)):
+        if candidate in available:
+            return candidate
+    raise ValueError(f"{op}: no implementation for device {dev!r}; registered: {', '.join(available)}")
+
+
+def resolve(op: str, device: torch.device | str, impl: str = "auto") -> Callable:
+    name = choose(op, device, impl)
+    key = (op, name)
+    if key not in _LOADED:
+        _LOADED[key] = _LOADERS[op][name]()
+    return _LOADED[key]

@@ -1,0 +1,30 @@
+"""Builds grlib._C from kernels/cpu/*.cpp with torch.utils.cpp_extension.
+
+Install with `pip install --no-build-isolation -e .` after torch: build isolation would pull a
+different torch build than the one the extension must link against.
+"""
+import glob
+import os
+
+from setuptools import setup
+from torch.utils.cpp_extension import BuildExtension, CppExtension
+
+# -march=native: the extension is always compiled on the machine that runs it (make setup).
+# GRLIB_PORTABLE=1 builds a generic x86-64/aarch64 binary instead.
+arch = [] if os.environ.get("GRLIB_PORTABLE") == "1" else ["-march=native"]
+
+# GRLIB_SKIP_EXT=1: install the package without compiling (the Makefile then builds the extension
+# in place with `setup.py build_ext --inplace`, which keeps ninja's incremental build in build/).
+skip_ext = os.environ.get("GRLIB_SKIP_EXT") == "1"
+
+setup(
+    ext_modules=[] if skip_ext else [
+        CppExtension(
+            "grlib._C",
+            sorted(glob.glob("kernels/cpu/*.cpp")),
+            extra_compile_args=["-O3", "-fopenmp", "-std=c++20", *arch],
+            extra_link_args=["-fopenmp"],
+        )
+    ],
+    cmdclass={"build_ext": BuildExtension.with_options(use_ninja=True)},
+)

@@ -1,0 +1,51 @@
+"""Test setup: outputs go to a per-session temporary folder, never into the project's data/ or
+results/ (notebooks run by nbmake inherit these variables); hypothesis runs without deadlines."""
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, settings
+
+settings.register_profile("grlib", deadline=None, max_examples=60,
+                          suppress_health_check=[HealthCheck.too_slow])
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "grlib"))
+
+
+_SESSION_DIR: Path | None = None
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    global _SESSION_DIR
+    _SESSION_DIR = base = Path(tempfile.mkdtemp(prefix="grlib-test-"))
+    os.environ.setdefault("GRLIB_DATA_DIR", str(base / "data"))
+    os.environ.setdefault("GRLIB_RESULTS_DIR", str(base / "results"))
+    os.environ.setdefault("GRLIB_PROGRESS", "0")
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    if _SESSION_DIR is not None:
+        shutil.rmtree(_SESSION_DIR, ignore_errors=True)
+
+
+@pytest.fixture
+def isolated_outputs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A fresh data/ and results/ for one test."""
+    monkeypatch.setenv("GRLIB_DATA_DIR", str(tmp_path / "data"))
+    monkeypatch.setenv("GRLIB_RESULTS_DIR", str(tmp_path / "results"))
+    return tmp_path
+
+
+@pytest.fixture
+def real_data() -> Path:
+    """The shared real-data slices; skips (with the reason) when this checkout has none beside it."""
+    from grlib import paths
+
+    base = paths.real_data_dir()
+    if base is None:
+        pytest.skip("real data slices not found (expected shared/data/real beside the checkout, "
+                    "or GRLIB_REAL_DATA): a user's clone does not ship them")
+    return base
