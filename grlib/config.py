@@ -74,23 +74,32 @@ class ModelConfig:
 
 
 @dataclass(frozen=True)
+class NegativesConfig:
+    sampler: str = "uniform"  # uniform (the only one so far)
+    n_negatives: int = 128  # negatives per target token
+    temperature: float = 0.05
+
+    def __post_init__(self) -> None:
+        _check(self.sampler in ("uniform",), "negatives.sampler", f"{self.sampler!r} is not one of ('uniform',)")
+        _check(self.n_negatives >= 1, "negatives.n_negatives", f"must be >= 1, got {self.n_negatives}")
+        _check(self.temperature > 0, "negatives.temperature", f"must be > 0, got {self.temperature}")
+
+
+@dataclass(frozen=True)
 class TrainConfig:
     epochs: int = 1
     batch_size: int = 32
     lr: float = 1e-3
     weight_decay: float = 0.0
-    n_negatives: int = 128  # uniform sampled-softmax negatives per target token
-    temperature: float = 0.05
     max_steps: int = 0  # 0 = no cap beyond epochs
     eval_batch_size: int = 256
     seed: int = 0
 
     def __post_init__(self) -> None:
-        for name in ("epochs", "batch_size", "n_negatives", "eval_batch_size"):
+        for name in ("epochs", "batch_size", "eval_batch_size"):
             _check(getattr(self, name) >= 1, f"train.{name}", f"must be >= 1, got {getattr(self, name)}")
         _check(self.lr > 0, "train.lr", f"must be > 0, got {self.lr}")
         _check(self.weight_decay >= 0, "train.weight_decay", f"must be >= 0, got {self.weight_decay}")
-        _check(self.temperature > 0, "train.temperature", f"must be > 0, got {self.temperature}")
         _check(self.max_steps >= 0, "train.max_steps", f"must be >= 0, got {self.max_steps}")
 
 
@@ -102,6 +111,7 @@ class Config:
     data: DataConfig = field(default_factory=DataConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
+    negatives: NegativesConfig = field(default_factory=NegativesConfig)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

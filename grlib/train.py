@@ -1,9 +1,4 @@
-"""Training: sampled-softmax loss and a small trainer loop over jagged batches.
-
-Loss (HSTU public practice): L2-normalised user and item vectors, dot product / temperature,
-one positive and `n_negatives` uniform negatives per target token; a negative equal to the
-token's positive (an accidental hit) is masked out.
-"""
+"""Training: a small trainer loop over jagged batches; the loss comes from grlib.negatives."""
 from __future__ import annotations
 
 import time
@@ -11,28 +6,12 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import torch
-import torch.nn.functional as F
-from torch import Tensor, nn
+from torch import nn
 
-from grlib.config import TrainConfig
-from grlib.data.schema import FIRST_ITEM_ID
+from grlib.config import NegativesConfig, TrainConfig
 from grlib.data.sequences import SequenceData
+from grlib.negatives import build_negative_path
 from grlib.progress import progress
-
-
-def sampled_softmax_loss(user: Tensor, items: Tensor, targets: Tensor, n_negatives: int,
-                         temperature: float, generator: torch.Generator | None = None) -> Tensor:
-    """user [T, d] (normalised), items [V, d] (normalised), targets [T] (0 = no target) -> scalar."""
-    keep = targets > 0
-    u, pos = user[keep], targets[keep]  # [P, d], [P]
-    if pos.numel() == 0:
-        return user.sum() * 0.0
-    neg = torch.randint(FIRST_ITEM_ID, items.shape[0], (pos.numel(), n_negatives), generator=generator)
-    pos_logit = (u * items[pos]).sum(-1, keepdim=True)  # [P, 1]
-    neg_logit = torch.einsum("pd,prd->pr", u, items[neg])  # [P, R]
-    neg_logit = neg_logit.masked_fill(neg == pos[:, None], -torch.inf)  # accidental hits
-    logits = torch.cat([pos_logit, neg_logit], dim=1) / temperature
-    return F.cross_entropy(logits, torch.zeros_like(pos))
 
 
 @dataclass
@@ -47,11 +26,12 @@ class TrainResult:
         return self.tokens / self.seconds if self.seconds else 0.0
 
 
-def train(model: nn.Module, data: SequenceData, cfg: TrainConfig, max_len: int) -> TrainResult:
+def train(model: nn.Module, data: SequenceData, cfg: TrainConfig, max_len: int,
+          negatives: NegativesConfig) -> TrainResult:
     """Adam on every parameter for cfg.epochs (or cfg.max_steps); deterministic per cfg.seed."""
     torch.manual_seed(cfg.seed)
     rng = np.random.default_rng(cfg.seed)
-    gen = torch.Generator().manual_seed(cfg.seed)
+    path = build_negative_path(negatives, data.n_items, data.train_item_counts(), seed=cfg.seed)
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
     model.train()
     result = TrainResult()
@@ -60,18 +40,18 @@ def train(model: nn.Module, data: SequenceData, cfg: TrainConfig, max_len: int) 
     if cfg.max_steps:
         total = min(total, cfg.max_steps)
     batches = (b for _ in range(cfg.epochs) for b in data.train_batches(cfg.batch_size, max_len, rng))
-    for batch in progress(batches, desc="train", total=total):
+    for batch in progress(path.wrap(batches), desc="train", total=total):
         if result.steps >= total:
             break
         user = model(batch)
-        loss = sampled_softmax_loss(user, model.embed.item_table(), batch.targets, cfg.n_negatives,
-                                    cfg.temperature, gen)
+        loss = path.loss(user, model.embed, batch)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
         result.steps += 1
         result.tokens += batch.item_ids.numel()
         result.losses.append(loss.item())
+    path.close()
     result.seconds = time.perf_counter() - start
     model.eval()
     return result

@@ -22,7 +22,7 @@ def run_one(cfg: Config, data: SequenceData) -> dict:
     else:
         torch.manual_seed(cfg.train.seed)
         model = build_model(cfg.model, data.n_items)
-        fit = train(model, data, cfg.train, max_len)
+        fit = train(model, data, cfg.train, max_len, cfg.negatives)
         score = last_token_scores(model)
         row = {"params": count_parameters(model), "steps": fit.steps, "train_s": fit.seconds,
                "tokens_per_s": fit.tokens_per_s, "final_loss": fit.losses[-1] if fit.losses else float("nan")}
