@@ -49,7 +49,7 @@ def build_sequences(log: pl.LazyFrame | pl.DataFrame, max_len: int, min_item_cou
             (pl.col("time_ms") // 1000).alias("timestamps"),
             (pl.col(target) > 0).alias("is_target"),
         )
-        .sort(["user_id", "time_ms"])
+        .sort(["user_id", "time_ms"], maintain_order=True)
     )
     seqs = events.group_by("user_id", maintain_order=True).agg(
         "item_ids", "actions", "timestamps", "is_target")

@@ -12,6 +12,7 @@ import polars as pl
 from grlib import paths, results
 from grlib.config import Config, DataConfig
 from grlib.data.sequences import build_sequences, sequence_stats
+from grlib.data.movielens import read_ml100k
 from grlib.data.synthetic import generate_log
 
 
@@ -22,7 +23,13 @@ def processed_dir(cfg: Config) -> Path:
 def raw_log(cfg: DataConfig) -> pl.DataFrame:
     if cfg.dataset == "synthetic":
         return generate_log(cfg.n_users, cfg.length_factor, cfg.n_items, cfg.seed)
-    raise NotImplementedError(f"data.dataset={cfg.dataset!r} needs the data pipeline (issue: KuaiRand data)")
+    if cfg.dataset == "ml-100k":
+        path = paths.real_data_file("movielens_100k/u.data")
+        if path is None:
+            raise FileNotFoundError("data.dataset=ml-100k: movielens_100k/u.data not found in the real-data "
+                                    "folder (shared/data/real beside the checkout, or GRLIB_REAL_DATA)")
+        return read_ml100k(path)
+    raise NotImplementedError(f"data.dataset={cfg.dataset!r} needs the KuaiRand download pipeline (not built yet)")
 
 
 def prepare(cfg: Config) -> dict:
