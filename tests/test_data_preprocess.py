@@ -56,6 +56,16 @@ def test_two_files_ties_keep_file_order_and_stats(tmp_path):
         4, 1, 4, 1.0, 0.25)
 
 
+def test_timestamp_ties_across_buckets_and_files_keep_file_order(tmp_path):
+    log = generate_log(60, 0.004, 150, seed=5).with_columns((pl.col("time_ms") // 86_400_000).alias("time_ms"))
+    assert log.select(pl.col("time_ms").is_duplicated().over("user_id").mean()).item() > 0.5  # many ties
+    half = log.height // 2
+    prepare_logs([log[:half], log[half:]], tmp_path / "out", max_len=20, bucket_rows=1000)
+    seqs, vocab = _read(tmp_path / "out")
+    want, want_vocab = build_sequences(log, 20)
+    assert seqs.equals(want) and vocab.equals(want_vocab)
+
+
 def test_sparse_video_ids_take_the_join_path(tmp_path):
     log = generate_log(40, 0.003, 100, seed=2)
     sparse = log.with_columns(pl.col("video_id") * 10**12 + 7)
@@ -93,6 +103,8 @@ def _bad_row(column: str, value: str) -> str:
      r"bad.csv, line 3, column 'time_ms': '1.6e12' is not an integer"),
     ("\n".join([HEADER, GOOD, GOOD, GOOD, _bad_row("is_click", "")]) + "\n",
      r"bad.csv, line 5, column 'is_click': empty value"),
+    ("\n".join([HEADER, GOOD, _bad_row("user_id", ""), GOOD]) + "\n",
+     r"bad.csv, line 3, column 'user_id': empty value"),
 ])
 def test_bad_input_names_file_line_column_and_leaves_nothing(tmp_path, text, message):
     path = _write(tmp_path, text)
@@ -123,3 +135,15 @@ def test_a_frame_with_a_missing_column_is_named(tmp_path):
     log = generate_log(5, 0.002, 20, seed=0).drop("time_ms")
     with pytest.raises(DataError, match=r"source 0 \(a frame\): missing column 'time_ms'"):
         prepare_logs([log], tmp_path / "out", max_len=8)
+
+
+def test_not_enough_disk_for_the_parts_is_refused_before_reading(log_csv, tmp_path, monkeypatch):
+    from collections import namedtuple
+
+    from grlib.data import download
+
+    usage = namedtuple("usage", "total used free")
+    monkeypatch.setattr(download.shutil, "disk_usage", lambda path: usage(10**9, 10**9 - 1000, 1000))
+    with pytest.raises(DataError, match=r"not enough disk to hold the preprocessing parts: needs .* bytes \+ 5%"):
+        prepare_logs([log_csv], tmp_path / "out", max_len=8)
+    assert list(tmp_path.iterdir()) == []

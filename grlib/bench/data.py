@@ -4,7 +4,7 @@ For each --rows N a synthetic log of about N rows (length factor 1.0: KuaiRand-2
 lengths) is written as CSV; then, each in a fresh child process, the streaming preprocessing
 (grlib.data.preprocess) and the baseline of the same run, everything in memory
 (build_sequences on the whole log), turn it into sequences. Per method: wall and CPU seconds,
-rows/s, and the child's peak RSS (os.wait4), including the interpreter and its imports (idle_rss_mb).
+rows/s, and the child's own peak RSS (VmHWM), including the interpreter and its imports (idle_rss_mb).
 A last row extrapolates the streaming figures of the largest N to KuaiRand-27K (322,278,385 rows,
 32,038,725 videos). Rows go to results/tables/bench_data.parquet.
 """
@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import resource
 import shutil
 import subprocess
@@ -24,10 +23,10 @@ from pathlib import Path
 from grlib import results
 from grlib.bench.common import print_table
 from grlib.config import load_config
+from grlib.data.preprocess import PART_BYTES_PER_ROW
 
 KUAIRAND_27K_ROWS, KUAIRAND_27K_VIDEOS = 322_278_385, 32_038_725
 VOCAB_BYTES_PER_VIDEO = 28  # count array 8 + lookup 4 + vocab frame (video_id 8, count 4, item_id 4)
-PART_BYTES_PER_ROW = 43  # pass-1 parts on disk: _row, user, video, time 8 each; action 2; play, duration 4; target 1
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -49,13 +48,27 @@ def users_for_rows(rows: int, length_factor: float, seed: int) -> int:
     return max(1, round(rows / mean))
 
 
+def peak_rss_mb() -> float:
+    """This process's peak resident set size since it started its program (Linux: VmHWM of
+    /proc/self/status). ru_maxrss would also count the parent's RSS at fork time (Linux keeps
+    the larger of the two across exec), which is why the parent does not use it."""
+    try:
+        with open("/proc/self/status") as fh:
+            for line in fh:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # other systems: an upper bound
+
+
 def _child(spec_path: str) -> None:
-    """Runs one preprocessing in this (fresh) process; writes timings to spec['result']."""
+    """Runs one preprocessing in this (fresh) process; writes timings and peak RSS to spec['result']."""
     spec = json.loads(Path(spec_path).read_text())
     from grlib.data.preprocess import USED_COLUMNS, prepare_logs, scan_log
     from grlib.data.sequences import build_sequences
 
-    idle = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    idle = peak_rss_mb()
     cpu0, t0 = time.process_time(), time.perf_counter()
     csv, out = Path(spec["csv"]), Path(spec["out"])
     if spec["method"] == "streaming":
@@ -69,23 +82,21 @@ def _child(spec_path: str) -> None:
         vocab.write_parquet(out / "vocab.parquet")
         rows, buckets = log.height, 1
     result = {"seconds": time.perf_counter() - t0, "cpu_s": time.process_time() - cpu0,
-              "idle_rss_mb": idle, "rows": rows, "buckets": buckets}
+              "idle_rss_mb": idle, "peak_rss_mb": peak_rss_mb(), "rows": rows, "buckets": buckets}
     Path(spec["result"]).write_text(json.dumps(result))
 
 
 def measure(method: str, csv: Path, work: Path, max_len: int, bucket_rows: int) -> dict:
-    """One preprocessing run in a child process; its peak RSS comes from os.wait4."""
+    """One preprocessing run in a fresh child process, which reports its own peak RSS."""
     out, spec_path, result = work / f"out-{method}", work / f"spec-{method}.json", work / f"result-{method}.json"
     spec_path.write_text(json.dumps({"method": method, "csv": str(csv), "out": str(out), "max_len": max_len,
                                      "bucket_rows": bucket_rows, "result": str(result)}))
-    proc = subprocess.Popen([sys.executable, "-m", "grlib.bench.data", "--child", str(spec_path)])
-    _, status, usage = os.wait4(proc.pid, 0)
-    proc.returncode = os.waitstatus_to_exitcode(status)
-    if proc.returncode != 0:
-        raise RuntimeError(f"bench data: the {method} child failed (exit {proc.returncode})")
+    code = subprocess.call([sys.executable, "-m", "grlib.bench.data", "--child", str(spec_path)])
+    if code != 0:
+        raise RuntimeError(f"bench data: the {method} child failed (exit {code})")
     res = json.loads(result.read_text())
     shutil.rmtree(out, ignore_errors=True)
-    return {**res, "peak_rss_mb": usage.ru_maxrss / 1024}
+    return res
 
 
 def run(args: argparse.Namespace) -> list[dict]:

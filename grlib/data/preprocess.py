@@ -9,8 +9,12 @@ vocab.parquet and stats.json, in memory bounded by one bucket of users.
           function), appended to sequences.parquet as row groups.
 
 Rows of sequences.parquet are ordered by (user_id mod K, user_id); K = 1 (small inputs) gives
-plain user order. Bad input raises DataError naming the file and, for a bad value, its line and
-column. The output folder appears only when complete (built in a temporary sibling, renamed).
+plain user order. Pass 1 parses the 13 columns the sequences use (USED_COLUMNS); a missing
+column, an empty file, or an empty / non-integer value in those columns raises DataError naming
+the file and, for a value, its line and column (found by a diagnosis scan that runs only on
+error). `read_log` checks all 19 columns and the field count of every line. The output folder
+appears only when complete (built in a temporary sibling, renamed); the parts need about 43 bytes
+of temporary disk per row.
 """
 from __future__ import annotations
 
@@ -26,6 +30,7 @@ import numpy as np
 import polars as pl
 import pyarrow.parquet as pq
 
+from grlib.data.download import check_disk
 from grlib.data.schema import ACTION_BITS, LOG_COLUMNS, LOG_SCHEMA, OOV_ID, DataError
 from grlib.data.sequences import event_columns, group_sequences, vocab_from_counts
 from grlib.progress import bar
@@ -33,6 +38,7 @@ from grlib.progress import bar
 USED_COLUMNS = ("user_id", "video_id", "time_ms", *ACTION_BITS, "play_time_ms", "duration_ms")
 BYTES_PER_ROW = 60  # a KuaiRand log row is 60-95 bytes of CSV: the low end sizes the buckets
 SOURCE_BITS = 40  # file order key = source index << 40 | row index inside the source
+PART_BYTES_PER_ROW = 43  # pass-1 parts: _row, user, video, time 8 each; actions 2; play, duration 4; target 1
 Source = Path | pl.DataFrame
 
 
@@ -165,10 +171,12 @@ def prepare_logs(sources: Sequence[Source], out: Path, *, max_len: int, min_item
 
 def _prepare(sources: list[Source], work: Path, max_len: int, min_item_count: int, target: str,
              context: str, bucket_rows: int) -> dict:
-    n_buckets = max(1, math.ceil(estimated_rows(sources) / bucket_rows))
+    rows = estimated_rows(sources)
+    check_disk(work, rows * PART_BYTES_PER_ROW, "hold the preprocessing parts")
+    n_buckets = max(1, math.ceil(rows / bucket_rows))
     parts = work / "_parts"
     columns = event_columns(target)
-    frames = [_lazy_source(i, s).select("_row", *columns, (pl.col("user_id") % n_buckets).alias("_bucket"))
+    frames = [_lazy_source(i, s).select("_row", *columns, (pl.col("user_id").fill_null(0) % n_buckets).alias("_bucket"))
               .cast({"play_time_ms": pl.Int32, "duration_ms": pl.Int32}) for i, s in enumerate(sources)]
     try:  # pass 1: stream every source into per-bucket Arrow IPC parts (uncompressed: CPU-bound)
         pl.concat(frames).sink_ipc(pl.PartitionBy(parts, key="_bucket", include_key=False),
@@ -190,7 +198,7 @@ def _prepare(sources: list[Source], work: Path, max_len: int, min_item_count: in
         with bar(len(buckets), desc="sequences") as progress:
             for folder in buckets:
                 ev = _read_bucket(folder)
-                if sum(ev.null_count().row(0)):  # an empty cell in a used column
+                if sum(ev.null_count().row(0)):  # an empty cell in a used column (user_id: in bucket 0)
                     raise diagnose(sources, USED_COLUMNS, None)
                 ev = to_item(ev).sort(["user_id", "time_ms", "_row"])
                 acc["rows"] += ev.height
