@@ -20,7 +20,7 @@ def test_prepare_synthetic_into_a_folder(tmp_path, capsys, isolated_outputs):
     seqs = pl.read_parquet(out / "sequences.parquet")
     assert seqs.height == stats["users"] and seqs["val_pos"].max() <= 16
     assert (seqs["item_ids"].list.len() == seqs["test_pos"] + 1).all()  # nothing after the test target
-    assert not list((isolated_outputs / "data").glob(".raw-*"))  # the temporary raw CSV is gone
+    assert list((isolated_outputs / "data" / "raw").iterdir()) == []  # the temporary raw CSV is gone
 
 
 def test_prepare_reports_bad_config_and_bad_data(tmp_path, capsys):

@@ -1,7 +1,7 @@
 """Stage `data` (notebooks/00_data): raw log -> processed sequences + stats for one scale.
 
 Every dataset goes through grlib.data.preprocess.prepare_logs: the synthetic log is first
-written as a KuaiRand-style CSV (a temporary file under data/), KuaiRand versions come from the
+written as a KuaiRand-style CSV (a temporary file under data/raw/), KuaiRand versions come from the
 download cache (grlib.data.download), MovieLens-100K from the shared real-data slices when present,
 else from the cache.
 """
@@ -42,8 +42,9 @@ def raw_sources(cfg: DataConfig, work: Path) -> list[preprocess.Source]:
 
 def prepare_to(cfg: DataConfig, out: Path) -> dict:
     """Writes sequences.parquet, vocab.parquet and stats.json of cfg into `out` (atomically)."""
-    paths.data_dir().mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=paths.data_dir(), prefix=".raw-") as work:
+    raw = paths.data_dir() / "raw"
+    raw.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=raw, prefix=f".{cfg.dataset}-") as work:
         sources = raw_sources(cfg, Path(work))
         extra = {"dataset": cfg.dataset}
         if cfg.dataset == "synthetic":
