@@ -7,6 +7,8 @@ from pathlib import Path
 
 import polars as pl
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from grlib.data.preprocess import prepare_logs, read_log
 from grlib.data.schema import LOG_COLUMNS, LOG_SCHEMA, DataError
@@ -38,6 +40,31 @@ def test_streaming_equals_in_memory(log_csv, tmp_path, bucket_rows, target, cont
     if bucket_rows == 1000:
         assert stats["buckets"] > 5
     assert stats["events"] == int(want["item_ids"].list.len().sum())
+
+
+@st.composite
+def _random_logs(draw):
+    n = draw(st.integers(1, 120))
+    ints = lambda lo, hi: st.lists(st.integers(lo, hi), min_size=n, max_size=n)  # noqa: E731
+    base = {c: [0] * n for c in LOG_COLUMNS}
+    base.update(user_id=draw(ints(0, 6)), video_id=draw(ints(0, 15)), time_ms=draw(ints(0, 9)),
+                is_click=draw(ints(0, 1)), long_view=draw(ints(0, 1)), play_time_ms=draw(ints(-5, 50)))
+    return (pl.DataFrame(base).cast(LOG_SCHEMA), draw(st.integers(1, n)), draw(st.integers(1, 3)),
+            draw(st.integers(2, 6)), draw(st.integers(1, 40)))
+
+
+@settings(max_examples=30)
+@given(case=_random_logs())
+def test_streaming_equals_in_memory_on_random_logs(tmp_path_factory, case):
+    """Random users, videos, heavy timestamp ties, any split into sources and buckets."""
+    log, cut, min_count, max_len, bucket_rows = case
+    out = tmp_path_factory.mktemp("prop") / "out"
+    stats = prepare_logs([log[:cut], log[cut:]], out, max_len=max_len, min_item_count=min_count,
+                         bucket_rows=bucket_rows)
+    seqs, vocab = _read(out)
+    want, want_vocab = build_sequences(log, max_len, min_count)
+    assert seqs.equals(want) and vocab.equals(want_vocab)
+    assert stats["rows"] == log.height and stats["users_in_log"] == log["user_id"].n_unique()
 
 
 def test_two_files_ties_keep_file_order_and_stats(tmp_path):
