@@ -114,7 +114,8 @@ class KernelsConfig:
     max_lens: list[int] = field(default_factory=lambda: [256, 1024, 4096])
     pair_budget: int = 2**24  # B * max_len**2 of each comparison batch
     whole_batch: int = 32  # sequences of the compiled kernel's run at the largest max_len (no padding)
-    repeats: int = 3  # timed repeats (median) after one warm-up run
+    repeats: int = 3  # timed repeats (median) after the memory run, which also warms up
+    row_seconds: float = 20.0  # fewer repeats (at least one) when a row's timed runs would take longer
     dtype: str = "float32"  # float32 | bfloat16
 
     def __post_init__(self) -> None:
@@ -123,6 +124,7 @@ class KernelsConfig:
         _check(self.pair_budget >= 4, "kernels.pair_budget", f"must be >= 4, got {self.pair_budget}")
         _check(self.whole_batch >= 0, "kernels.whole_batch", f"must be >= 0 (0 = skip), got {self.whole_batch}")
         _check(self.repeats >= 1, "kernels.repeats", f"must be >= 1, got {self.repeats}")
+        _check(self.row_seconds > 0, "kernels.row_seconds", f"must be > 0, got {self.row_seconds}")
         _check(self.dtype in ("float32", "bfloat16"), "kernels.dtype",
                f"{self.dtype!r} is not one of ('float32', 'bfloat16')")
 

@@ -18,7 +18,8 @@ resets the kernel's peak-RSS counter (/proc/self/clear_refs), runs one forward+b
 reports the peak resident-set growth over the RSS before it (peak_mem_mb: every allocation of
 that step, torch's and the kernel's scratch alike, gradients included). The same child then
 times the forward (autograd recording, as in training) and forward+backward: medians of
-`repeats` runs. gflops = useful FLOPs on the real lengths (attention forward
+`repeats` runs (fewer, at least one, where they would take longer than kernels.row_seconds;
+one for the whole batch; each row records how many). gflops = useful FLOPs on the real lengths (attention forward
 2 * H * (Dqk + Dv) * s**2 / 2 per sequence, x3.5 with backward) / forward+backward time;
 frac_of_peak divides by a warm dense matmul of this machine measured in the same run.
 Ratios are against `reference` in the same run and regime/max_len.
@@ -78,7 +79,7 @@ def plan(kc: KernelsConfig, ablation: KernelsAblation, batch: int | None = None)
                               "batch": batch or kc.batch_size(max_len), "whole_batch": False})
     if kc.whole_batch and "cpu" in ablation.impls:
         specs.append({"impl": "cpu", "regime": "truncated", "max_len": max(kc.max_lens),
-                      "batch": kc.whole_batch, "whole_batch": True})
+                      "batch": kc.whole_batch, "whole_batch": True, "repeats": 1})
     return specs
 
 
@@ -91,8 +92,9 @@ def measure(cfg, ablation: KernelsAblation, table: str, batch: int | None = None
     rows = []
     specs = plan(kc, ablation, batch)
     for spec in progress.progress(specs, desc="bench kernels"):
-        spec = {**spec, "heads": heads, "head_dim": head_dim, "dtype": kc.dtype, "repeats": kc.repeats,
-                "threads": threads or torch.get_num_threads(), "seed": cfg.train.seed}
+        spec = {"heads": heads, "head_dim": head_dim, "dtype": kc.dtype, "repeats": kc.repeats,
+                "row_seconds": kc.row_seconds, "threads": threads or torch.get_num_threads(),
+                "seed": cfg.train.seed, **spec}
         row = run_child(spec)
         row["frac_of_peak"] = row["gflops"] / peak
         row["matmul_peak_gflops"] = peak
@@ -202,7 +204,9 @@ def child(spec: dict) -> dict:
     peak_mb = (_status_kb("VmHWM") - base) / 1024
     for leaf in leaves:
         leaf.grad = None
-    repeats = spec["repeats"]
+    # timed runs: `repeats`, fewer (at least one) when they would take longer than row_seconds
+    # (estimated from the memory run; a forward costs about 0.4 of a forward+backward)
+    repeats = max(1, min(spec["repeats"], int(spec["row_seconds"] * 1e3 / (1.4 * first_ms))))
     fwd_ms = median_ms(forward, repeats=repeats, warmup=0)
     fwd_bwd = []
     for _ in range(repeats):

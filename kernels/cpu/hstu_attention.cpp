@@ -480,8 +480,21 @@ void backward_dq(const Args& a, double alpha_in, const at::Tensor& grad, at::Ten
           for (int64_t r = clamp; r < nq; ++r) tail += ds[r];
           gpos[P - 1] += tail;
         }
-        if (tsq)
-          for (int64_t r = first; r < nq; ++r) gtime[time_bucket(tsq[r] - tsj, Bt)] += ds[r];
+        if (tsq && first < nq) {  // buckets first (vectorised), then run-length sums: sorted
+          int64_t bk[BLK];         // timestamps give long runs of one bucket along a row
+          for (int64_t r = first; r < nq; ++r) bk[r] = time_bucket(tsq[r] - tsj, Bt);
+          int64_t cur = bk[first];
+          T run = 0;
+          for (int64_t r = first; r < nq; ++r) {
+            if (bk[r] != cur) {
+              gtime[cur] += run;
+              run = 0;
+              cur = bk[r];
+            }
+            run += ds[r];
+          }
+          gtime[cur] += run;
+        }
       }
       tile_tn_acc(dWT, Ks, Dp, dQ, nq, nk);  // dQ += dS K
     }
