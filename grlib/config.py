@@ -117,6 +117,7 @@ class KernelsConfig:
     repeats: int = 3  # timed repeats (median) after the memory run, which also warms up
     row_seconds: float = 20.0  # fewer repeats (at least one) when a row's timed runs would take longer
     dtype: str = "float32"  # float32 | bfloat16
+    isolate: bool = True  # each row in a fresh child process (honest peak memory); false: in-process, no memory (smoke)
 
     def __post_init__(self) -> None:
         _check(len(self.max_lens) >= 1 and all(n >= 2 for n in self.max_lens), "kernels.max_lens",

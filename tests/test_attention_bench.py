@@ -24,7 +24,7 @@ def test_plan_covers_every_impl_regime_and_length_then_the_whole_batch():
     specs = bench.plan(kc, load_ablation("kernels"))
     assert len(specs) == 2 * 2 * 3 + 1
     assert specs[-1] == {"impl": "cpu", "regime": "truncated", "max_len": 128, "batch": 5, "whole_batch": True,
-                         "repeats": 1}
+                         "repeats": 0}
     assert {s["batch"] for s in specs[:-1]} == {4, 1}
 
 

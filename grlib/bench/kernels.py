@@ -12,14 +12,16 @@ score elements per head at every length, so the padded reference fits); with who
 the compiled kernel also runs alone on a whole batch at the largest max_len (truncated
 regime), where the padded implementations would need tens of GB.
 
-Method. Every (implementation, regime, max_len) runs in a fresh child process: it builds the
+Method. Every (implementation, regime, max_len) runs in a fresh child process (kernels.isolate;
+the smoke scale times in-process, quickly, leaves peak memory empty and says isolated=false): it
+builds the
 inputs, warms the implementation on a tiny batch (one-time library buffers are not counted),
 resets the kernel's peak-RSS counter (/proc/self/clear_refs), runs one forward+backward and
 reports the peak resident-set growth over the RSS before it (peak_mem_mb: every allocation of
 that step, torch's and the kernel's scratch alike, gradients included). The same child then
 times the forward (autograd recording, as in training) and forward+backward: medians of
 `repeats` runs (fewer, at least one, where they would take longer than kernels.row_seconds;
-one for the whole batch; each row records how many). gflops = useful FLOPs on the real lengths (attention forward
+each row records how many). The whole batch is timed by one forward and by its memory run. gflops = useful FLOPs on the real lengths (attention forward
 2 * H * (Dqk + Dv) * s**2 / 2 per sequence, x3.5 with backward) / forward+backward time;
 frac_of_peak divides by a warm dense matmul of this machine measured in the same run.
 Ratios are against `reference` in the same run and regime/max_len.
@@ -79,7 +81,7 @@ def plan(kc: KernelsConfig, ablation: KernelsAblation, batch: int | None = None)
                               "batch": batch or kc.batch_size(max_len), "whole_batch": False})
     if kc.whole_batch and "cpu" in ablation.impls:
         specs.append({"impl": "cpu", "regime": "truncated", "max_len": max(kc.max_lens),
-                      "batch": kc.whole_batch, "whole_batch": True, "repeats": 1})
+                      "batch": kc.whole_batch, "whole_batch": True, "repeats": 0})
     return specs
 
 
@@ -95,7 +97,8 @@ def measure(cfg, ablation: KernelsAblation, table: str, batch: int | None = None
         spec = {"heads": heads, "head_dim": head_dim, "dtype": kc.dtype, "repeats": kc.repeats,
                 "row_seconds": kc.row_seconds, "threads": threads or torch.get_num_threads(),
                 "seed": cfg.train.seed, **spec}
-        row = run_child(spec)
+        row = run_child(spec) if kc.isolate else _in_process(spec)
+        row["isolated"] = kc.isolate
         row["frac_of_peak"] = row["gflops"] / peak
         row["matmul_peak_gflops"] = peak
         rows.append(row)
@@ -115,11 +118,12 @@ def _add_ratios(rows: list[dict]) -> None:
         ref = base.get((r["regime"], r["max_len"]))
         comparable = ref is not None and not r["whole_batch"]
         r["speedup_vs_reference"] = ref["fwd_bwd_ms"] / r["fwd_bwd_ms"] if comparable else float("nan")
-        r["mem_reduction_vs_reference"] = 1 - r["peak_mem_mb"] / ref["peak_mem_mb"] if comparable else float("nan")
+        r["mem_reduction_vs_reference"] = (1 - r["peak_mem_mb"] / ref["peak_mem_mb"]
+                                           if comparable and ref["peak_mem_mb"] > 0 else float("nan"))
         # the whole batch: what the padded reference would need, extrapolated linearly in B from
         # its measured peak at the same max_len and regime (it is not run: it would not fit)
         r["reference_estimate_mb"] = (ref["peak_mem_mb"] / ref["batch"] * r["batch"]
-                                      if ref is not None and r["whole_batch"] else float("nan"))
+                                      if ref is not None and r["whole_batch"] and ref["batch"] else float("nan"))
 
 
 def matmul_peak_gflops(dtype: torch.dtype, threads: int | None = None, n: int = 2048, repeats: int = 5) -> float:
@@ -139,6 +143,16 @@ def run_child(spec: dict) -> dict:
         raise RuntimeError(f"bench kernels: measuring {spec} failed (exit {proc.returncode}):\n"
                            f"{proc.stderr[-3000:]}")
     return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def _in_process(spec: dict) -> dict:
+    """kernels.isolate = false (the smoke scale): timings in this process, quickly; peak memory is
+    left empty (NaN): freed memory is reused without RSS growth here, so it cannot be read honestly."""
+    threads = torch.get_num_threads()
+    try:
+        return child({**spec, "measure_memory": False})
+    finally:
+        torch.set_num_threads(threads)
 
 
 # ---- the child ---------------------------------------------------------------------------------
@@ -196,20 +210,23 @@ def child(spec: dict) -> dict:
     tiny = make_inputs(2, 16, "truncated", spec["heads"], spec["head_dim"], dtype, spec["seed"])
     step(tiny)  # loads the implementation and its libraries
     gc.collect()
-    _reset_peak()
-    base = _status_kb("VmRSS")
+    measure_memory = spec.get("measure_memory", True)
+    if measure_memory:
+        _reset_peak()
+        base = _status_kb("VmRSS")
     start = time.perf_counter()
     step()
     first_ms = (time.perf_counter() - start) * 1e3
-    peak_mb = (_status_kb("VmHWM") - base) / 1024
+    peak_mb = (_status_kb("VmHWM") - base) / 1024 if measure_memory else float("nan")
     for leaf in leaves:
         leaf.grad = None
     # timed runs: `repeats`, fewer (at least one) when they would take longer than row_seconds
-    # (estimated from the memory run; a forward costs about 0.4 of a forward+backward)
+    # (estimated from the memory run; a forward costs about 0.4 of a forward+backward). The whole
+    # batch (repeats 0, no comparison) reuses the memory run as its one forward+backward sample.
     repeats = max(1, min(spec["repeats"], int(spec["row_seconds"] * 1e3 / (1.4 * first_ms))))
     fwd_ms = median_ms(forward, repeats=repeats, warmup=0)
-    fwd_bwd = []
-    for _ in range(repeats):
+    fwd_bwd = [first_ms] if spec["repeats"] == 0 else []
+    for _ in range(repeats if spec["repeats"] else 0):
         start = time.perf_counter()
         step()
         fwd_bwd.append((time.perf_counter() - start) * 1e3)
