@@ -1,5 +1,8 @@
 """HSTU attention kernels: reference vs fbgemm vs compiled cpu, forward and backward, two length regimes.
 
+Also the fused LayerNorm(x) * u (grlib.ops.layer_norm_mul, op column) against its two-op reference
+on the whole batch's tokens [T, d_model].
+
     python -m grlib bench kernels --max-len 1024 --json out.json [--scale laptop]
 
 Lengths come from the lognormal fit to KuaiRand-27K (grlib.bench.common.kuairand_lengths):
@@ -77,11 +80,15 @@ def plan(kc: KernelsConfig, ablation: KernelsAblation, batch: int | None = None)
     for max_len in kc.max_lens:
         for regime in ablation.regimes:
             for impl in ablation.impls:
-                specs.append({"impl": impl, "regime": regime, "max_len": max_len,
+                specs.append({"op": "hstu_attention", "impl": impl, "regime": regime, "max_len": max_len,
                               "batch": batch or kc.batch_size(max_len), "whole_batch": False})
     if kc.whole_batch and "cpu" in ablation.impls:
-        specs.append({"impl": "cpu", "regime": "truncated", "max_len": max(kc.max_lens),
+        specs.append({"op": "hstu_attention", "impl": "cpu", "regime": "truncated", "max_len": max(kc.max_lens),
                       "batch": kc.whole_batch, "whole_batch": True, "repeats": 0})
+        # the fused LayerNorm(x) * u of the same layer on that batch's tokens [T, d_model]
+        for impl in ("reference", "cpu"):
+            specs.append({"op": "layer_norm_mul", "impl": impl, "regime": "truncated", "max_len": max(kc.max_lens),
+                          "batch": kc.whole_batch, "whole_batch": False})
     return specs
 
 
@@ -103,7 +110,7 @@ def measure(cfg, ablation: KernelsAblation, table: str, batch: int | None = None
         row["matmul_peak_gflops"] = peak
         rows.append(row)
     _add_ratios(rows)
-    print_table([{k: r[k] for k in ("impl", "regime", "max_len", "batch", "fill", "fwd_ms", "fwd_bwd_ms",
+    print_table([{k: r[k] for k in ("op", "impl", "regime", "max_len", "batch", "fill", "fwd_ms", "fwd_bwd_ms",
                                      "peak_mem_mb", "gflops", "frac_of_peak", "speedup_vs_reference",
                                      "mem_reduction_vs_reference")} for r in rows],
                 f"bench kernels: H={heads} D={head_dim} {kc.dtype}, {rows[0]['threads']} threads, "
@@ -113,9 +120,10 @@ def measure(cfg, ablation: KernelsAblation, table: str, batch: int | None = None
 
 
 def _add_ratios(rows: list[dict]) -> None:
-    base = {(r["regime"], r["max_len"]): r for r in rows if r["impl"] == "reference" and not r["whole_batch"]}
+    base = {(r["op"], r["regime"], r["max_len"]): r for r in rows
+            if r["impl"] == "reference" and not r["whole_batch"]}
     for r in rows:
-        ref = base.get((r["regime"], r["max_len"]))
+        ref = base.get((r["op"], r["regime"], r["max_len"]))
         comparable = ref is not None and not r["whole_batch"]
         r["speedup_vs_reference"] = ref["fwd_bwd_ms"] / r["fwd_bwd_ms"] if comparable else float("nan")
         r["mem_reduction_vs_reference"] = (1 - r["peak_mem_mb"] / ref["peak_mem_mb"]
@@ -196,9 +204,20 @@ def child(spec: dict) -> dict:
     dtype = DTYPES[spec["dtype"]]
     x = make_inputs(spec["batch"], spec["max_len"], spec["regime"], spec["heads"], spec["head_dim"], dtype,
                     spec["seed"])
-    leaves = [x["q"], x["k"], x["v"], x["pos_bias"], x["time_bias"]]
+    op = spec.get("op", "hstu_attention")
+    if op == "layer_norm_mul":  # x, u [T, d_model]: the attention output and U of the same tokens
+        T, d = x["q"].shape[0], x["q"].shape[1] * x["q"].shape[2]
+        g = torch.Generator().manual_seed(spec["seed"])
+        x.update(a=torch.randn(T, d, generator=g).to(dtype).requires_grad_(True),
+                 u=torch.randn(T, d, generator=g).to(dtype).requires_grad_(True),
+                 weight=torch.ones(d, requires_grad=True), bias=torch.zeros(d, requires_grad=True))
+        leaves = [x["a"], x["u"], x["weight"], x["bias"]]
+    else:
+        leaves = [x["q"], x["k"], x["v"], x["pos_bias"], x["time_bias"]]
 
     def forward(inputs=x):
+        if op == "layer_norm_mul":
+            return ops.layer_norm_mul(inputs["a"], inputs["u"], inputs["weight"], inputs["bias"], impl=spec["impl"])
         return ops.hstu_attention(inputs["q"], inputs["k"], inputs["v"], inputs["offsets"], inputs["max_len"],
                                   pos_bias=inputs["pos_bias"], time_bias=inputs["time_bias"],
                                   timestamps=inputs["timestamps"], impl=spec["impl"])
@@ -208,6 +227,9 @@ def child(spec: dict) -> dict:
         out.backward(torch.ones_like(out))
 
     tiny = make_inputs(2, 16, "truncated", spec["heads"], spec["head_dim"], dtype, spec["seed"])
+    if op == "layer_norm_mul":
+        tiny.update(a=x["a"][:32].detach().requires_grad_(True), u=x["u"][:32].detach().requires_grad_(True),
+                    weight=x["weight"].detach().requires_grad_(True), bias=x["bias"].detach().requires_grad_(True))
     step(tiny)  # loads the implementation and its libraries
     gc.collect()
     measure_memory = spec.get("measure_memory", True)
@@ -235,9 +257,10 @@ def child(spec: dict) -> dict:
     fwd_bwd_ms = statistics.median(fwd_bwd)
     lengths = x["lengths"].double()
     D = spec["head_dim"]
-    flops_fwd = float((2 * spec["heads"] * 2 * D * lengths**2 / 2).sum())
+    # useful FLOPs: the attention's matmuls; the fused LayerNorm * u is memory-bound (no figure)
+    flops_fwd = float((2 * spec["heads"] * 2 * D * lengths**2 / 2).sum()) if op == "hstu_attention" else math.nan
     B, N, T = spec["batch"], spec["max_len"], int(lengths.sum())
-    return {"impl": spec["impl"], "regime": spec["regime"], "max_len": N, "batch": B, "tokens": T,
+    return {"op": op, "impl": spec["impl"], "regime": spec["regime"], "max_len": N, "batch": B, "tokens": T,
             "fill": T / (B * N), "heads": spec["heads"], "head_dim": D, "dtype": spec["dtype"],
             "threads": spec["threads"], "whole_batch": spec["whole_batch"], "repeats": repeats,
             "fwd_ms": fwd_ms, "fwd_bwd_ms": fwd_bwd_ms, "first_fwd_bwd_ms": first_ms, "peak_mem_mb": peak_mb,
