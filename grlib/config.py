@@ -113,6 +113,36 @@ class TrainConfig:
 
 
 @dataclass(frozen=True)
+class KernelsConfig:
+    """Sizes of the attention-kernel benchmark (`bench kernels`, notebooks/01_kernels).
+
+    Heads and head dim come from the model section. Each comparison batch holds
+    max(1, pair_budget // max_len**2) sequences, so the padded reference touches the same number
+    of score elements (B * max_len**2 per head) at every max_len and fits in time and memory."""
+
+    max_lens: list[int] = field(default_factory=lambda: [256, 1024, 4096])
+    pair_budget: int = 2**24  # B * max_len**2 of each comparison batch
+    whole_batch: int = 32  # sequences of the compiled kernel's run at the largest max_len (no padding)
+    repeats: int = 3  # timed repeats (median) after the memory run, which also warms up
+    row_seconds: float = 20.0  # fewer repeats (at least one) when a row's timed runs would take longer
+    dtype: str = "float32"  # float32 | bfloat16
+    isolate: bool = True  # each row in a fresh child process (honest peak memory); false: in-process, no memory (smoke)
+
+    def __post_init__(self) -> None:
+        _check(len(self.max_lens) >= 1 and all(n >= 2 for n in self.max_lens), "kernels.max_lens",
+               f"needs at least one length >= 2, got {self.max_lens}")
+        _check(self.pair_budget >= 4, "kernels.pair_budget", f"must be >= 4, got {self.pair_budget}")
+        _check(self.whole_batch >= 0, "kernels.whole_batch", f"must be >= 0 (0 = skip), got {self.whole_batch}")
+        _check(self.repeats >= 1, "kernels.repeats", f"must be >= 1, got {self.repeats}")
+        _check(self.row_seconds > 0, "kernels.row_seconds", f"must be > 0, got {self.row_seconds}")
+        _check(self.dtype in ("float32", "bfloat16"), "kernels.dtype",
+               f"{self.dtype!r} is not one of ('float32', 'bfloat16')")
+
+    def batch_size(self, max_len: int) -> int:
+        return max(1, self.pair_budget // (max_len * max_len))
+
+
+@dataclass(frozen=True)
 class Config:
     """One scale's resolved configuration."""
 
@@ -121,6 +151,7 @@ class Config:
     model: ModelConfig = field(default_factory=ModelConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     negatives: NegativesConfig = field(default_factory=NegativesConfig)
+    kernels: KernelsConfig = field(default_factory=KernelsConfig)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -268,7 +299,26 @@ class TrainAblation:
         _check(len(self.seeds) >= 1, "ablations.train.seeds", "needs at least one seed")
 
 
-ABLATIONS: dict[str, type] = {"train": TrainAblation}
+@dataclass(frozen=True)
+class KernelsAblation:
+    """The grid of the attention-kernel experiment (notebooks/01_kernels, `bench kernels`)."""
+
+    impls: list[str] = field(default_factory=lambda: ["reference", "fbgemm", "cpu"])
+    regimes: list[str] = field(default_factory=lambda: ["truncated", "scaled"])
+
+    def __post_init__(self) -> None:
+        valid = ("reference", "fbgemm", "cpu", "triton", "npu")
+        for impl in self.impls:
+            _check(impl in valid, "ablations.kernels.impls", f"unknown implementation {impl!r}; valid: {valid}")
+        _check("reference" in self.impls, "ablations.kernels.impls",
+               "must include 'reference' (every ratio is against it, measured in the same run)")
+        for regime in self.regimes:
+            _check(regime in ("truncated", "scaled"), "ablations.kernels.regimes",
+                   f"unknown regime {regime!r}; valid: ('truncated', 'scaled')")
+        _check(len(self.regimes) >= 1, "ablations.kernels.regimes", "needs at least one regime")
+
+
+ABLATIONS: dict[str, type] = {"train": TrainAblation, "kernels": KernelsAblation}
 
 
 def load_ablation(name: str, overrides: dict[str, Any] | None = None,

@@ -13,6 +13,7 @@ from pathlib import Path
 BENCHES = {
     "ops": "grlib.bench.ops",
     "data": "grlib.bench.data",
+    "kernels": "grlib.bench.kernels",
 }
 
 

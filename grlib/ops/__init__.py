@@ -23,7 +23,7 @@ from grlib.ops.registry import IMPLS, choose, implementations
 __all__ = [
     "IMPLS", "Jagged", "choose", "implementations", "offsets_from_lengths",
     "jagged_to_padded", "padded_to_jagged", "segment_sum", "segment_mean", "segment_expand",
-    "hstu_attention",
+    "hstu_attention", "layer_norm_mul",
 ]
 
 
@@ -94,6 +94,10 @@ def segment_expand(x: Tensor, offsets: Tensor, total: int | None = None, impl: s
 
 
 registry.register("hstu_attention", "reference", _loader("attention", "hstu_attention_reference"))
+registry.register("hstu_attention", "fbgemm", _loader("fbgemm_attention", "hstu_attention"))
+registry.register("hstu_attention", "cpu", _loader("cpu_attention", "hstu_attention"))
+registry.register("hstu_attention", "triton", _loader("triton_attention", "hstu_attention"))
+registry.register("hstu_attention", "npu", _loader("npu", "hstu_attention"))
 
 
 def hstu_attention(q: Tensor, k: Tensor, v: Tensor, offsets: Tensor, max_len: int,
@@ -109,3 +113,18 @@ def hstu_attention(q: Tensor, k: Tensor, v: Tensor, offsets: Tensor, max_len: in
     alpha = default_alpha(q.shape[-1]) if alpha is None else alpha
     fn = registry.resolve("hstu_attention", q.device, impl)
     return fn(q, k, v, offsets, max_len, alpha, pos_bias, time_bias, timestamps)
+
+
+registry.register("layer_norm_mul", "reference", _loader("fused", "layer_norm_mul_reference"))
+registry.register("layer_norm_mul", "cpu", _loader("cpu_fused", "layer_norm_mul"))
+
+
+def layer_norm_mul(x: Tensor, u: Tensor, weight: Tensor, bias: Tensor, eps: float = 1e-5,
+                   impl: str = "auto") -> Tensor:
+    """LayerNorm(x) * u over the last dim: x, u [..., d], weight, bias [d] -> [..., d] (grlib/ops/fused.py)."""
+    from grlib.ops.fused import check_layer_norm_mul_args
+
+    check_layer_norm_mul_args(x, u, weight, bias, eps)
+    fn = registry.resolve("layer_norm_mul", x.device, impl)
+    d = x.shape[-1]
+    return fn(x.reshape(-1, d), u.reshape(-1, d), weight, bias, eps).reshape(x.shape)

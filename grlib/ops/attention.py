@@ -7,11 +7,21 @@ For each sequence, query token i and key token j <= i (causal, diagonal included
     bias(i, j) = pos_bias[h, min(i - j, P - 1)]                          (relative position)
                + time_bias[h, min(floor(log2(1 + |t_i - t_j|)), Bt - 1)]  (log-bucketed time gap)
 
-Shapes: q, k [T, H, Dqk], v [T, H, Dv], offsets [B+1], timestamps [T] int64, pos_bias [H, P],
+Shapes: q, k [T, H, Dqk], v [T, H, Dv], offsets [B+1] int64, timestamps [T] int64, pos_bias [H, P],
 time_bias [H, Bt]. Dividing by max_len (not the sequence's own length) follows HSTU: the
 attention is not normalised by a softmax, so the scale is a fixed constant. Timestamps may be
-non-monotone or equal: the time gap is taken in absolute value. Tokens of a sequence past max_len
-are not allowed (truncate the batch first).
+non-monotone or equal: the time gap is taken in absolute value, and its bucket is computed exactly
+on integers (floor(log2(1 + |dt|)) = bit length of |dt| + 1, minus 1), for |dt| < 2**53. A
+sequence longer than max_len is an error (truncate the batch first). The bias tables may have
+another floating dtype than q, k, v (e.g. float32 parameters with bfloat16 activations): they
+are cast to the compute dtype; their gradients come back in their own dtype.
+
+Implementations (grlib.ops.hstu_attention(..., impl=...)): `reference` (this file: pad, dense
+einsum, mask, unpad; the ground truth), `fbgemm` (fbgemm jagged ops around the dense math),
+`cpu` (the fused kernel, kernels/cpu/hstu_attention.cpp), `triton` (CUDA; grlib/ops/
+triton_attention.py), `npu` (torch-npu / fbgemm-ascend; grlib/ops/npu.py). The compiled `cpu`
+kernel computes in float32 for bfloat16 / float16 inputs (float64 for float64) and rounds once on
+output, so it is at least as accurate as the reference run in the same low precision.
 """
 from __future__ import annotations
 
@@ -25,8 +35,12 @@ from grlib.ops import reference as ref
 
 
 def time_buckets(dt: Tensor, n_buckets: int) -> Tensor:
-    """|dt| (any int/float tensor) -> log2 buckets in [0, n_buckets)."""
-    return torch.floor(torch.log2(1.0 + dt.abs().to(torch.float64))).clamp(max=n_buckets - 1).to(torch.int64)
+    """Integer time gaps (any sign) -> min(floor(log2(1 + |dt|)), n_buckets - 1), exact for |dt| < 2**53.
+
+    frexp's exponent of an exactly represented integer a >= 1 is floor(log2(a)) + 1 (no log2
+    rounding just below a power of two)."""
+    a = (dt.to(torch.int64).abs() + 1).to(torch.float64)  # exact below 2**53
+    return (torch.frexp(a).exponent.to(torch.int64) - 1).clamp(max=n_buckets - 1)
 
 
 def check_attention_args(q: Tensor, k: Tensor, v: Tensor, offsets: Tensor, max_len: int,
@@ -45,34 +59,62 @@ def check_attention_args(q: Tensor, k: Tensor, v: Tensor, offsets: Tensor, max_l
     for name, table in (("pos_bias", pos_bias), ("time_bias", time_bias)):
         if table is not None and (table.dim() != 2 or table.shape[0] != H or table.shape[1] < 1):
             raise ValueError(f"{name} must be [H={H}, buckets >= 1], got {tuple(table.shape)}")
+    for name, table in (("pos_bias", pos_bias), ("time_bias", time_bias)):
+        if table is not None and not table.is_floating_point():
+            raise TypeError(f"{name} must be floating point, got {table.dtype}")
     if time_bias is not None and (timestamps is None or timestamps.shape != (q.shape[0],)):
         raise ValueError(f"time_bias needs timestamps of shape [T={q.shape[0]}], got "
                          f"{None if timestamps is None else tuple(timestamps.shape)}")
+    if time_bias is not None and timestamps.dtype != torch.int64:
+        raise TypeError(f"timestamps must be int64 (seconds), got {timestamps.dtype}")
+
+
+def check_lengths(offsets: Tensor, max_len: int) -> None:
+    """Padding implementations would silently drop tokens past max_len: refuse them instead."""
+    lengths = offsets[1:] - offsets[:-1]
+    longest = int(lengths.max()) if lengths.numel() else 0
+    if longest > max_len:
+        raise ValueError(f"a sequence has {longest} tokens, more than max_len={max_len} (truncate the batch first)")
 
 
 def hstu_attention_reference(q: Tensor, k: Tensor, v: Tensor, offsets: Tensor, max_len: int,
                              alpha: float, pos_bias: Tensor | None = None,
                              time_bias: Tensor | None = None, timestamps: Tensor | None = None) -> Tensor:
     """Pad to [B, N, H, D], dense einsum, causal mask, unpad. Differentiable by autograd."""
-    B, N, T, H = offsets.numel() - 1, max_len, q.shape[0], q.shape[1]
-    qp = ref.jagged_to_padded(q.reshape(T, -1), offsets, N).view(B, N, H, -1)  # [B, N, H, Dqk]
-    kp = ref.jagged_to_padded(k.reshape(T, -1), offsets, N).view(B, N, H, -1)
-    vp = ref.jagged_to_padded(v.reshape(T, -1), offsets, N).view(B, N, H, -1)  # [B, N, H, Dv]
-    scores = torch.einsum("bihd,bjhd->bhij", qp, kp) * alpha  # [B, H, N, N]
-    i = torch.arange(N, device=q.device)
+    check_lengths(offsets, max_len)
+    T, H = q.shape[0], q.shape[1]
+    pad = lambda t: ref.jagged_to_padded(t.reshape(T, math.prod(t.shape[1:])), offsets, max_len)  # noqa: E731  [B, N, F]
+    tp = pad(timestamps)[..., 0] if time_bias is not None else None  # [B, N] int64
+    out = padded_attention(pad(q), pad(k), pad(v), tp, offsets, max_len, H, alpha, pos_bias, time_bias)
+    return ref.padded_to_jagged(out, offsets, T).view(T, H, out.shape[-1] // H)
+
+
+def padded_attention(qp: Tensor, kp: Tensor, vp: Tensor, tp: Tensor | None, offsets: Tensor, max_len: int,
+                     H: int, alpha: float, pos_bias: Tensor | None, time_bias: Tensor | None) -> Tensor:
+    """The dense math on padded inputs: qp, kp [B, N, H*Dqk], vp [B, N, H*Dv], tp [B, N] -> [B, N, H*Dv]."""
+    B, N = qp.shape[0], max_len
+    Dq, Dv = qp.shape[-1] // H, vp.shape[-1] // H
+    qp, kp, vp = qp.view(B, N, H, Dq), kp.view(B, N, H, Dq), vp.view(B, N, H, Dv)  # [B, N, H, D]
+    # the pointwise part runs in float32 at least (as the fused kernels do): bf16/fp16 scores are
+    # upcast, so the bias-table gradients are summed in float32, not in bf16
+    scores = torch.einsum("bihd,bjhd->bhij", qp, kp).to(_pointwise_dtype(qp.dtype)) * alpha  # [B, H, N, N]
+    i = torch.arange(N, device=qp.device)
     if pos_bias is not None:
         rel = (i[:, None] - i[None, :]).clamp(0, pos_bias.shape[1] - 1)  # [N, N]
-        scores = scores + pos_bias[:, rel].unsqueeze(0).to(scores.dtype)
+        scores = scores + pos_bias.to(scores.dtype)[:, rel].unsqueeze(0)  # cast first: grads summed in float32
     if time_bias is not None:
-        tp = ref.jagged_to_padded(timestamps.reshape(T, 1).to(torch.float64), offsets, N)[..., 0]  # [B, N]
         bucket = time_buckets(tp[:, :, None] - tp[:, None, :], time_bias.shape[1])  # [B, N, N]
-        scores = scores + time_bias[:, bucket].permute(1, 0, 2, 3).to(scores.dtype)
+        scores = scores + time_bias.to(scores.dtype)[:, bucket].permute(1, 0, 2, 3)
     lengths = offsets[1:] - offsets[:-1]
     valid = (i[None, :] < lengths[:, None])  # [B, N]
     mask = (i[:, None] >= i[None, :])[None, None] & valid[:, None, :, None] & valid[:, None, None, :]
-    weights = F.silu(scores) * mask / max_len
+    weights = (F.silu(scores) * mask / max_len).to(vp.dtype)
     out = torch.einsum("bhij,bjhd->bihd", weights, vp)  # [B, N, H, Dv]
-    return ref.padded_to_jagged(out.reshape(B, N, -1), offsets, T).view(T, H, -1)
+    return out.reshape(B, N, H * Dv)
+
+
+def _pointwise_dtype(dtype: torch.dtype) -> torch.dtype:
+    return torch.float32 if dtype in (torch.bfloat16, torch.float16) else dtype
 
 
 def default_alpha(dqk: int) -> float:

@@ -1,0 +1,127 @@
+"""Stage `kernels` (notebooks/01_kernels): jagged HSTU attention implementations against padding.
+
+Runs `bench kernels` at the scale's sizes (grlib.bench.kernels: the method), appends the rows
+to results/tables/kernels.parquet, writes results/metrics/kernels.json and the figures.
+"""
+from __future__ import annotations
+
+import math
+
+import altair as alt
+import polars as pl
+
+from grlib import plots, results
+from grlib.bench import kernels as bench
+from grlib.config import Config, KernelsAblation
+
+PAPER_SPEEDUP, PAPER_MEM_REDUCTION = 2.2, 0.70  # TurboGR, claim C1
+
+
+def run(cfg: Config, ablation: KernelsAblation, threads: int | None = None) -> pl.DataFrame:
+    rows = bench.measure(cfg, ablation, table="kernels", threads=threads)
+    df = pl.DataFrame(rows)
+    results.write_metrics("kernels", metrics(df, cfg.scale))
+    return df
+
+
+def comparison(df: pl.DataFrame) -> pl.DataFrame:
+    """The same-batch attention comparison rows, one per (regime, max_len, impl)."""
+    return (df.filter(~pl.col("whole_batch") & (pl.col("op") == "hstu_attention"))
+            .select("regime", "max_len", "impl", "batch", "tokens", "fill", "fwd_ms", "fwd_bwd_ms",
+                    "peak_mem_mb", "gflops", "frac_of_peak", "speedup_vs_reference", "mem_reduction_vs_reference")
+            .sort("regime", "max_len", "impl"))
+
+
+def whole_batch(df: pl.DataFrame) -> pl.DataFrame:
+    """The compiled kernel alone on a whole batch at the largest max_len (no padded run: it would not fit)."""
+    return (df.filter(pl.col("whole_batch"))
+            .select("impl", "regime", "max_len", "batch", "tokens", "fwd_ms", "fwd_bwd_ms", "peak_mem_mb",
+                    "reference_estimate_mb", "gflops", "frac_of_peak"))
+
+
+def fused(df: pl.DataFrame) -> pl.DataFrame:
+    """The fused LayerNorm(x) * u against torch's LayerNorm then multiply, same tokens."""
+    return (df.filter(pl.col("op") == "layer_norm_mul")
+            .select("op", "impl", "tokens", "fwd_ms", "fwd_bwd_ms", "peak_mem_mb", "speedup_vs_reference",
+                    "mem_reduction_vs_reference"))
+
+
+def acceptance(df: pl.DataFrame) -> pl.DataFrame:
+    """The issue's acceptance checks on this run: cpu vs reference (scaled, max_len 1024) and vs fbgemm."""
+    cmp = comparison(df)
+    checks = []
+    at = cmp.filter((pl.col("regime") == "scaled") & (pl.col("max_len") == 1024) & (pl.col("impl") == "cpu"))
+    if at.height:
+        r = at.row(0, named=True)
+        checks.append({"check": "scaled, max_len 1024: cpu fwd+bwd speedup vs reference >= 2.2",
+                       "value": r["speedup_vs_reference"], "met": r["speedup_vs_reference"] >= PAPER_SPEEDUP})
+        checks.append({"check": "scaled, max_len 1024: cpu peak-memory reduction vs reference >= 70%",
+                       "value": r["mem_reduction_vs_reference"],
+                       "met": r["mem_reduction_vs_reference"] >= PAPER_MEM_REDUCTION})
+    wide = cmp.pivot(on="impl", index=["regime", "max_len"], values="fwd_bwd_ms")
+    if {"cpu", "fbgemm"} <= set(wide.columns):
+        for r in wide.iter_rows(named=True):
+            checks.append({"check": f"{r['regime']}, max_len {r['max_len']}: cpu fwd+bwd faster than fbgemm (x)",
+                           "value": r["fbgemm"] / r["cpu"], "met": r["cpu"] < r["fbgemm"]})
+    return pl.DataFrame(checks, schema={"check": pl.String, "value": pl.Float64, "met": pl.Boolean})
+
+
+def metrics(df: pl.DataFrame, scale: str) -> dict:
+    out: dict = {"scale": scale}
+    for r in comparison(df).filter(pl.col("impl") != "reference").iter_rows(named=True):
+        key = f"{r['impl']}_{r['regime']}_{r['max_len']}"
+        out[key] = {"speedup_vs_reference": _num(r["speedup_vs_reference"]),
+                    "mem_reduction_vs_reference": _num(r["mem_reduction_vs_reference"])}
+    for r in fused(df).filter(pl.col("impl") == "cpu").iter_rows(named=True):
+        out["layer_norm_mul_cpu"] = {"speedup_vs_reference": _num(r["speedup_vs_reference"]),
+                                     "mem_reduction_vs_reference": _num(r["mem_reduction_vs_reference"])}
+    for r in whole_batch(df).iter_rows(named=True):
+        out[f"whole_batch_{r['max_len']}"] = {"batch": r["batch"], "peak_mem_mb": _num(r["peak_mem_mb"]),
+                                              "reference_estimate_mb": _num(r["reference_estimate_mb"])}
+    return out
+
+
+def _num(x: float) -> float | None:
+    return None if x is None or math.isnan(x) else round(float(x), 4)
+
+
+def latency_memory_chart(df: pl.DataFrame) -> alt.VConcatChart:
+    """Forward+backward latency and peak memory vs max_len per implementation (log scales)."""
+    data = comparison(df)
+    base = alt.Chart(data).mark_line(point=True).encode(
+        x=alt.X("max_len:O", title="max_len"), color=alt.Color("impl:N", title="implementation"))
+    latency = base.encode(y=alt.Y("fwd_bwd_ms:Q", scale=alt.Scale(type="log"), title="fwd+bwd ms (median)"))
+    memory = base.encode(y=alt.Y("peak_mem_mb:Q", scale=alt.Scale(type="log"), title="peak memory MB"))
+    return alt.vconcat(
+        latency.properties(width=220, height=160).facet(column=alt.Column("regime:N", title="lengths")),
+        memory.properties(width=220, height=160).facet(column=alt.Column("regime:N", title="lengths")),
+    ).properties(title="Jagged HSTU attention: latency and memory (same batch per max_len)")
+
+
+def ratio_chart(df: pl.DataFrame) -> alt.VConcatChart:
+    """Speedup and memory reduction vs the padded reference, with the paper's 2.2x and 70% as rules."""
+    data = comparison(df).filter(pl.col("impl") != "reference")
+
+    def panel(field: str, title: str, claim: float, fmt: str, log: bool) -> alt.FacetChart:
+        scale = alt.Scale(type="log") if log else alt.Scale()
+        line = alt.Chart().mark_line(point=True).encode(
+            x=alt.X("max_len:O"), y=alt.Y(f"{field}:Q", title=title, scale=scale, axis=alt.Axis(format=fmt)),
+            color=alt.Color("impl:N", title="implementation"))
+        one = {"groupby": [], "aggregate": [{"op": "count", "as": "n"}]}  # one mark per facet
+        rule = alt.Chart().transform_aggregate(**one).mark_rule(strokeDash=[4, 3], color="black").encode(
+            y=alt.datum(claim, scale=scale) if log else alt.datum(claim))
+        text = alt.Chart().transform_aggregate(**one).mark_text(align="left", dx=2, dy=-6, fontSize=10).encode(
+            x=alt.value(0), y=alt.datum(claim), text=alt.value(f"paper: {claim:{fmt}}"))
+        return (alt.layer(line, rule, text, data=data).properties(width=220, height=160)
+                .facet(column=alt.Column("regime:N", title="lengths")))
+
+    return alt.vconcat(panel("speedup_vs_reference", "fwd+bwd speedup vs reference (log)", PAPER_SPEEDUP, ".1f",
+                             log=True),
+                       panel("mem_reduction_vs_reference", "peak-memory reduction", PAPER_MEM_REDUCTION, ".0%",
+                             log=False),
+                       ).properties(title="Against padding (TurboGR C1: 2.2x lower latency, 70% less memory)")
+
+
+def save_figures(df: pl.DataFrame) -> list:
+    return (plots.save_chart(latency_memory_chart(df), "kernels_latency_memory")
+            + plots.save_chart(ratio_chart(df), "kernels_vs_reference"))

@@ -1,0 +1,40 @@
+"""The compiled fused ops around attention (kernels/cpu/layer_norm_mul.cpp): autograd and fake impls."""
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+import grlib.ops.cpu  # noqa: F401  (loads grlib._C, which registers torch.ops.grlib)
+
+_ops = torch.ops.grlib
+
+
+@torch.library.register_fake("grlib::layer_norm_mul")
+def _(x, u, weight, bias, eps):
+    acc = torch.float64 if x.dtype == torch.float64 else torch.float32
+    return x.new_empty(x.shape), x.new_empty(x.shape[:1], dtype=acc), x.new_empty(x.shape[:1], dtype=acc)
+
+
+@torch.library.register_fake("grlib::layer_norm_mul_backward")
+def _(grad, x, u, weight, bias, mean, rstd):
+    return x.new_empty(x.shape), u.new_empty(u.shape), weight.new_empty(weight.shape), bias.new_empty(bias.shape)
+
+
+def _setup(ctx, inputs, output) -> None:
+    x, u, weight, bias, _ = inputs
+    _, mean, rstd = output
+    ctx.save_for_backward(x, u, weight, bias, mean, rstd)
+
+
+def _backward(ctx, grad_y: Tensor, grad_mean, grad_rstd):
+    x, u, weight, bias, mean, rstd = ctx.saved_tensors
+    dx, du, dw, db = _ops.layer_norm_mul_backward(grad_y.contiguous(), x, u, weight, bias, mean, rstd)
+    return dx, du, dw, db, None
+
+
+torch.library.register_autograd("grlib::layer_norm_mul", _backward, setup_context=_setup)
+
+
+def layer_norm_mul(x: Tensor, u: Tensor, weight: Tensor, bias: Tensor, eps: float) -> Tensor:
+    """x, u [N, d] -> LayerNorm(x) * u [N, d] in one pass per row."""
+    return _ops.layer_norm_mul(x, u, weight, bias, float(eps))[0]

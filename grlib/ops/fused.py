@@ -1,0 +1,28 @@
+"""Ops fused around attention, with their padded-free pure-torch references (the ground truth).
+
+layer_norm_mul(x, u, weight, bias, eps) = LayerNorm(x) * u over the last dim: HSTU's
+`norm_attn(A V) * U` before the output projection. The compiled kernel (kernels/cpu/
+layer_norm_mul.cpp, grlib.ops.cpu_fused) does it in one pass per row and keeps only mean and
+rstd for backward instead of the [N, d] LayerNorm output.
+"""
+from __future__ import annotations
+
+import torch.nn.functional as F
+from torch import Tensor
+
+
+def check_layer_norm_mul_args(x: Tensor, u: Tensor, weight: Tensor, bias: Tensor, eps: float) -> None:
+    if x.dim() < 1 or u.shape != x.shape:
+        raise ValueError(f"x and u must have one shape [..., d], got {tuple(x.shape)} and {tuple(u.shape)}")
+    if x.dtype != u.dtype or not x.is_floating_point():
+        raise TypeError(f"x and u must share one floating dtype, got {x.dtype} and {u.dtype}")
+    d = x.shape[-1]
+    if weight.shape != (d,) or bias.shape != (d,):
+        raise ValueError(f"weight and bias must be [d={d}], got {tuple(weight.shape)} and {tuple(bias.shape)}")
+    if eps <= 0:
+        raise ValueError(f"eps must be > 0, got {eps}")
+
+
+def layer_norm_mul_reference(x: Tensor, u: Tensor, weight: Tensor, bias: Tensor, eps: float) -> Tensor:
+    """x, u [N, d] -> LayerNorm(x) * u [N, d] (two torch ops, autograd)."""
+    return F.layer_norm(x, (x.shape[-1],), weight.to(x.dtype), bias.to(x.dtype), eps) * u

@@ -1,0 +1,86 @@
+"""`bench kernels` and the kernels stage: the plan, the ratios, one child measurement, the CLI's
+JSON keys and the config checks (the subprocess path itself runs in notebooks/01_kernels)."""
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from grlib.bench import kernels as bench
+from grlib.config import ConfigError, KernelsConfig, load_ablation, load_config
+
+ISSUE_KEYS = {"impl", "regime", "max_len", "fwd_ms", "fwd_bwd_ms", "peak_mem_mb", "gflops",
+              "speedup_vs_reference", "mem_reduction_vs_reference"}
+
+
+def test_batch_sizes_keep_the_padded_work_constant():
+    kc = KernelsConfig(max_lens=[256, 1024, 4096], pair_budget=2**23)
+    assert [kc.batch_size(n) for n in kc.max_lens] == [128, 8, 1]
+
+
+def test_plan_covers_every_impl_regime_and_length_then_the_whole_batch():
+    kc = KernelsConfig(max_lens=[64, 128], pair_budget=2**14, whole_batch=5)
+    specs = bench.plan(kc, load_ablation("kernels"))
+    assert len(specs) == 2 * 2 * 3 + 1 + 2
+    assert specs[-3] == {"op": "hstu_attention", "impl": "cpu", "regime": "truncated", "max_len": 128, "batch": 5,
+                         "whole_batch": True, "repeats": 0}
+    assert [(s["op"], s["impl"]) for s in specs[-2:]] == [("layer_norm_mul", "reference"), ("layer_norm_mul", "cpu")]
+    assert {s["batch"] for s in specs[:-3]} == {4, 1}
+
+
+def test_ratios_are_against_the_reference_of_the_same_regime_and_length():
+    rows = [dict(op="hstu_attention", impl=i, regime=r, max_len=64, batch=4, whole_batch=False, fwd_bwd_ms=ms,
+                 peak_mem_mb=mb)
+            for i, r, ms, mb in [("reference", "scaled", 10.0, 100.0), ("cpu", "scaled", 2.0, 10.0),
+                                 ("reference", "truncated", 20.0, 200.0), ("cpu", "truncated", 5.0, 100.0)]]
+    rows.append(dict(op="hstu_attention", impl="cpu", regime="scaled", max_len=64, batch=40, whole_batch=True,
+                     fwd_bwd_ms=1.0, peak_mem_mb=50.0))
+    bench._add_ratios(rows)
+    assert [r["speedup_vs_reference"] for r in rows[:4]] == [1.0, 5.0, 1.0, 4.0]
+    assert [r["mem_reduction_vs_reference"] for r in rows[:4]] == [0.0, 0.9, 0.0, 0.5]
+    assert math.isnan(rows[4]["speedup_vs_reference"]) and rows[4]["reference_estimate_mb"] == 1000.0
+
+
+@pytest.mark.parametrize("op", ["hstu_attention", "layer_norm_mul"])
+def test_one_child_measurement_in_process(op):
+    spec = dict(op=op, impl="cpu", regime="scaled", max_len=64, batch=6, whole_batch=False, heads=2, head_dim=8,
+                dtype="float32", repeats=2, row_seconds=5.0, threads=1, seed=0)
+    row = bench.child(spec)
+    assert row["tokens"] == int(bench.make_inputs(6, 64, "scaled", 2, 8, bench.DTYPES["float32"], 0)["lengths"].sum())
+    assert row["fwd_ms"] > 0 and row["fwd_bwd_ms"] > 0 and row["peak_mem_mb"] >= 0 and row["op"] == op
+    assert row["gflops"] > 0 if op == "hstu_attention" else math.isnan(row["gflops"])
+    assert 1 <= row["repeats"] <= 2
+
+
+def test_cli_writes_the_issue_keys(tmp_path, monkeypatch, isolated_outputs):
+    from grlib.cli import main
+
+    monkeypatch.setattr(bench, "run_child", bench.child)  # in-process: the subprocess runs in the notebook
+    monkeypatch.setattr(bench, "matmul_peak_gflops", lambda dtype, threads=None: 100.0)
+    out = tmp_path / "rows.json"
+    assert main(["bench", "kernels", "--max-len", "32", "--regime", "scaled", "--impls", "reference", "cpu",
+                 "--whole-batch", "0", "--repeats", "1", "--json", str(out)]) == 0
+    rows = json.loads(out.read_text())
+    assert [r["impl"] for r in rows] == ["reference", "cpu"]
+    for r in rows:
+        assert ISSUE_KEYS <= set(r)
+    assert rows[0]["speedup_vs_reference"] == 1.0
+    assert (isolated_outputs / "results" / "tables" / "bench_kernels.parquet").exists()
+
+
+@pytest.mark.parametrize("change,field", [
+    ({"kernels.max_lens": []}, "kernels.max_lens"),
+    ({"kernels.dtype": "float16"}, "kernels.dtype"),
+    ({"kernels.row_seconds": 0}, "kernels.row_seconds"),
+])
+def test_bad_kernels_config_names_the_field(change, field):
+    with pytest.raises(ConfigError, match=field):
+        load_config("smoke", change)
+
+
+def test_ablation_must_include_the_reference():
+    with pytest.raises(ConfigError, match="must include 'reference'"):
+        load_ablation("kernels", {"impls": ["cpu"]})
+    with pytest.raises(ConfigError, match="unknown implementation"):
+        load_ablation("kernels", {"impls": ["reference", "cuda"]})
