@@ -3,6 +3,7 @@
     python -m grlib notebook 02_train --scale laptop [-p key value ...]
     python -m grlib config --scale laptop
     python -m grlib bench ops --json out.json
+    python -m grlib train --scale smoke --dataset ml-100k --model hstu --json out.json
 """
 from __future__ import annotations
 
@@ -49,6 +50,9 @@ def build_parser() -> argparse.ArgumentParser:
     cf.set_defaults(func=_config)
 
     add_bench_parser(sub)
+    from grlib.train.cli import add_train_parser
+
+    add_train_parser(sub)
     return parser
 
 
