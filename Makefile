@@ -52,6 +52,7 @@ lab: $(KERNEL_STAMP)
 
 bench: $(KERNEL_STAMP)
 	$(PY) -m grlib bench ops --scale laptop --json results/metrics/bench_ops.json
+	$(PY) -m grlib bench train --scale laptop --json results/metrics/bench_train.json
 
 clean-venv:
 	rm -rf $(VENV) build

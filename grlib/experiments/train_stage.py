@@ -165,3 +165,38 @@ def quality_chart(summ: pl.DataFrame) -> alt.Chart:
 
 def finite(x: float) -> float | None:
     return x if isinstance(x, float) and math.isfinite(x) else None
+
+
+def preset_table(scales: list[str] | None = None) -> pl.DataFrame:
+    """Parameters of every scale's HSTU (meta device, nothing allocated): the dense encoder, and
+    the item table where the vocabulary is known before processing (synthetic: data.n_items);
+    for real datasets it is d_model per item of the processed vocabulary."""
+    from grlib.config import load_config, scale_names
+    from grlib.model import preset_parameters
+
+    rows = []
+    for scale in scales or scale_names():
+        cfg = load_config(scale, {"model.name": "hstu"})
+        known = cfg.data.dataset == "synthetic"
+        count = preset_parameters(cfg.model, (cfg.data.n_items if known else 1) + FIRST_ITEM_ID, cfg.data.max_len)
+        dense = count.dense
+        rows.append({"scale": scale, "dataset": cfg.data.dataset,
+                     "layers x heads": f"{cfg.model.n_layers}x{cfg.model.n_heads}", "d_model": cfg.model.d_model,
+                     "max_len": cfg.data.max_len, "dense_params": dense, "params_per_item": cfg.model.d_model,
+                     "item_table_params": count.embedding if known else None,
+                     "params": count.total if known else None})
+    return pl.DataFrame(rows)
+
+
+def speed_table(table: pl.DataFrame) -> pl.DataFrame:
+    """Tokens/s and MFU of this run per dataset x model (mean over seeds), and of `bench train` rows."""
+    runs = (table.filter(pl.col("model") != "popularity").group_by("scale", "dataset", "model")
+            .agg(pl.col("tokens_per_s").mean(), pl.col("mfu").mean(), pl.col("attention_impl").first())
+            .with_columns(pl.lit("train stage").alias("source")))
+    bench = results.read_table("bench_train")
+    if bench.height:
+        bench = (results.latest(bench, ["attention_impl"])
+                 .select("scale", pl.lit("(bench batches)").alias("dataset"), pl.lit("hstu").alias("model"),
+                         "tokens_per_s", "mfu", "attention_impl", pl.lit("bench train").alias("source")))
+        runs = pl.concat([runs, bench], how="diagonal_relaxed")
+    return runs.sort("source", "scale", "dataset", "model")

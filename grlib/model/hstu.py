@@ -37,6 +37,8 @@ class HSTULayer(nn.Module):
 
     def forward(self, x: Tensor, batch: JaggedBatch) -> Tensor:  # x [T, d] -> [T, d]
         T = x.shape[0]
+        if T == 0:  # a batch of empty sequences: nothing to attend (the padded reference cannot view 0 tokens)
+            return x
         u, v, q, k = F.silu(self.uvqk(self.norm_in(x))).chunk(4, dim=-1)  # 4 x [T, d]
         shape = (T, self.n_heads, self.dh)
         attn = ops.hstu_attention(q.reshape(shape), k.reshape(shape), v.reshape(shape), batch.offsets,
