@@ -47,6 +47,10 @@ def path_state(path: Any) -> dict[str, Any]:
     of the torch / numpy generators it holds as attributes."""
     if hasattr(path, "state_dict"):
         return {"state_dict": path.state_dict()}
+    if getattr(getattr(path, "cfg", None), "async_sampling", False):
+        # A background worker has drawn ahead: the live generator state is not the next step's.
+        raise NotImplementedError("exact resume with negatives.async_sampling=true needs the negative path's own "
+                                  "state_dict() (the state as of the next batch to train); set it false to checkpoint")
     gens = {}
     for name, value in vars(path).items():
         if isinstance(value, torch.Generator):
