@@ -84,7 +84,11 @@ def run_one(cfg: Config, ds: Dataset, peak: float | None = None) -> tuple[dict, 
                "final_loss": fit.losses[-1] if fit.losses else float("nan")}
         curve = [{"step": r["step"], "epoch": r["epoch"], "loss": r["loss"]} for r in fit.timeline]
         curve += [{"step": h["step"], "epoch": h["epoch"], "val_ndcg@10": h["ndcg@10"]} for h in fit.val_history]
-    v = val(score)
+    if curve and cfg.train.select_best and fit.best_epoch >= 0:  # the restored best epoch's validation
+        v = {k: x for k, x in fit.val_history[[h["epoch"] for h in fit.val_history].index(fit.best_epoch)].items()
+             if k not in ("epoch", "step")}
+    else:
+        v = val(score)
     t = evaluate(score, data.eval_batches("test", bs, max_len), ds.mask_history)
     row.update(mask_history=ds.mask_history, repeat_fraction=ds.repeat_fraction,
                **{f"val_{k}": x for k, x in v.items()}, **{f"test_{k}": x for k, x in t.items()})
