@@ -41,7 +41,7 @@ def test_lazy_adam_leaves_untouched_rows_and_moments_alone():
     changed = (p.detach() != before).any(1)
     assert changed.tolist() == [False, True, False, True, False]
     assert torch.equal(opt.state[p]["exp_avg"][[0, 2, 4]], m_before[[0, 2, 4]])
-    assert opt.state[p]["steps"].tolist() == [1, 2, 1, 2, 1]
+    assert opt.state[p]["step"].tolist() == [1, 2, 1, 2, 1]
 
 
 def test_warmup_and_clipping():
@@ -117,3 +117,21 @@ def test_resume_refuses_a_different_config(smoke_data, tmp_path):
     with pytest.raises(ValueError, match="train.batch_size=64"):
         train(model, ds.data, TrainConfig(max_steps=2, batch_size=32), cfg.data.max_len, cfg.negatives,
               checkpoint_dir=tmp_path)
+
+
+def test_lazy_adam_state_survives_a_checkpoint_round_trip(tmp_path):
+    torch.manual_seed(0)
+    p = torch.nn.Parameter(torch.randn(4, 3))
+    opt = LazyAdam([p], lr=1e-2)
+    p.grad = torch.randn(4, 3)
+    opt.step()
+    checkpoint.save(tmp_path / "c.pt", {"opt": opt.state_dict()})
+    q = torch.nn.Parameter(p.detach().clone())
+    other = LazyAdam([q], lr=1e-2)
+    other.load_state_dict(checkpoint.load(tmp_path / "c.pt")["opt"])
+    assert other.state[q]["step"].dtype == torch.float64
+    g = torch.randn(4, 3)
+    p.grad, q.grad = g.clone(), g.clone()
+    opt.step()
+    other.step()
+    assert torch.equal(p, q)

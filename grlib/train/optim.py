@@ -35,18 +35,20 @@ class LazyAdam(torch.optim.Optimizer):
                 if not state:
                     state["exp_avg"] = torch.zeros_like(p)
                     state["exp_avg_sq"] = torch.zeros_like(p)
-                    state["steps"] = torch.zeros(p.shape[0], dtype=torch.float64, device=p.device)
+                    # per-row step counts; the key "step" keeps torch's load_state_dict from casting them
+                    # to the parameter's dtype (float32 counts would change the bias corrections after resume)
+                    state["step"] = torch.zeros(p.shape[0], dtype=torch.float64, device=p.device)
                 touched = p.grad.ne(0).any(dim=1)  # [V]
                 n_touched = int(touched.sum())
                 if n_touched == 0:
                     continue
                 if n_touched == p.shape[0]:  # every row: update in place, no gather / scatter
-                    _adam_rows(p, p.grad, state["exp_avg"], state["exp_avg_sq"], state["steps"], group)
+                    _adam_rows(p, p.grad, state["exp_avg"], state["exp_avg_sq"], state["step"], group)
                     continue
                 rows = touched.nonzero().squeeze(1)  # [R]
-                w, m, v, n = p[rows], state["exp_avg"][rows], state["exp_avg_sq"][rows], state["steps"][rows]
+                w, m, v, n = p[rows], state["exp_avg"][rows], state["exp_avg_sq"][rows], state["step"][rows]
                 _adam_rows(w, p.grad[rows], m, v, n, group)
-                p[rows], state["exp_avg"][rows], state["exp_avg_sq"][rows], state["steps"][rows] = w, m, v, n
+                p[rows], state["exp_avg"][rows], state["exp_avg_sq"][rows], state["step"][rows] = w, m, v, n
 
 
 def _adam_rows(w: Tensor, g: Tensor, m: Tensor, v: Tensor, n: Tensor, group: dict) -> None:
