@@ -2,14 +2,15 @@
 selected on validation and evaluated on test by full ranking.
 
 Datasets: "scale" is the scale's own processed data (the `data` stage's output, e.g. the
-synthetic KuaiRand twin at laptop scale); any other name (e.g. "ml-100k") is read and turned
-into sequences in memory with the scale's data settings. A real dataset whose file is absent is
-skipped with its reason (listed in `run`'s result and in the metrics JSON), never replaced.
+synthetic KuaiRand twin at laptop scale); any other name (e.g. "ml-100k") is prepared with the
+scale's data settings by the data stage's code into its own folder. A real dataset whose file is
+absent is skipped with its reason (listed in `run`'s result and in the metrics JSON), never replaced.
 """
 from __future__ import annotations
 
 import dataclasses
-import functools
+import hashlib
+import json
 import math
 import time
 from dataclasses import dataclass
@@ -21,7 +22,7 @@ import torch
 from grlib import perf, results
 from grlib.config import Config, TrainAblation
 from grlib.data.schema import FIRST_ITEM_ID
-from grlib.data.sequences import SequenceData, build_sequences
+from grlib.data.sequences import SequenceData
 from grlib.evaluate import evaluate, last_token_scores, popularity_scores, repeat_fraction
 from grlib.experiments import data_stage
 from grlib.model import build_model, parameter_count
@@ -41,20 +42,20 @@ def dataset_name(cfg: Config, name: str) -> str:
 
 
 def load_dataset(cfg: Config, name: str = "scale") -> Dataset:
-    """The sequences of `name` ("scale" = the scale's processed data) with its evaluation protocol."""
+    """The sequences of `name` ("scale" = the scale's processed data) with its evaluation protocol.
+
+    Another dataset is prepared once by the data stage's code into its own folder,
+    data/processed/<scale>-<dataset>-<hash of its data settings>, and reused while those settings hold."""
     real = dataset_name(cfg, name)
     if real == cfg.data.dataset:
-        data = SequenceData.load(data_stage.ensure_prepared(cfg))
+        folder = data_stage.ensure_prepared(cfg)
     else:
-        data = _in_memory(dataclasses.replace(cfg.data, dataset=real))
+        data_cfg = dataclasses.replace(cfg.data, dataset=real)
+        digest = hashlib.sha256(json.dumps(dataclasses.asdict(data_cfg), sort_keys=True).encode()).hexdigest()[:8]
+        folder = data_stage.ensure_prepared(Config(scale=f"{cfg.scale}-{real}-{digest}", data=data_cfg))
+    data = SequenceData.load(folder)
     rep = max(repeat_fraction(data.eval_batches(s, 1024, cfg.data.max_len)) for s in ("val", "test"))
     return Dataset(real, data, mask_history=rep == 0.0, repeat_fraction=rep)
-
-
-@functools.lru_cache(maxsize=4)
-def _in_memory(data_cfg) -> SequenceData:
-    seqs, vocab = build_sequences(data_stage.raw_log(data_cfg), data_cfg.max_len, data_cfg.min_item_count)
-    return SequenceData(seqs, n_items=vocab.height + FIRST_ITEM_ID)
 
 
 def run_one(cfg: Config, ds: Dataset, peak: float | None = None) -> tuple[dict, list[dict]]:
