@@ -2,6 +2,8 @@
 sequences, parameter counts of the presets (the paper preset counted on the meta device)."""
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 import torch
@@ -97,13 +99,13 @@ def test_parameter_count_splits_dense_and_embeddings():
 
 
 def test_presets_from_smoke_to_paper():
-    """Each preset's parameter count (meta device): smoke under 1M (on ML-100K's 1,684 ids), paper
-    ~0.2B dense parameters (its item table comes on top: d_model per item)."""
+    """Each preset's parameter count (meta device): smoke ~0.1M (on ML-100K's 1,684 ids: it must
+    train in seconds), paper ~0.2B dense parameters (its item table comes on top: d_model per item)."""
     counts = {}
     for scale, n_items in (("smoke", 1684), ("laptop", 5000), ("paper", 1_000_000)):
         cfg = load_config(scale)
         counts[scale] = preset_parameters(cfg.model, n_items, cfg.data.max_len)
-    assert 0.2e6 <= counts["smoke"].total <= 1e6, counts["smoke"]
+    assert 0.05e6 <= counts["smoke"].total <= 1e6, counts["smoke"]
     assert counts["smoke"].total < counts["laptop"].total < counts["paper"].total
     assert 0.18e9 <= counts["paper"].dense <= 0.22e9, counts["paper"]
 
@@ -118,5 +120,5 @@ def test_presets_from_smoke_to_paper():
     ({"train.select_best": "yes"}, "train.select_best: expected true/false"),
 ])
 def test_bad_model_and_train_values_name_the_field(override, message):
-    with pytest.raises(ConfigError, match=message.replace("[", r"\[").replace("(", r"\(")):
+    with pytest.raises(ConfigError, match=re.escape(message)):
         load_config("smoke", {**override, "model.d_model": 32} if "n_heads" in str(override) else override)
