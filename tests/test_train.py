@@ -69,7 +69,7 @@ def smoke_data(tmp_path_factory):
 
 def test_training_learns_and_records_a_timeline(smoke_data):
     cfg, ds = smoke_data
-    cfg = cfg.replace({"train.epochs": 3, "train.select_best": True})
+    cfg = cfg.replace({"train.epochs": 3, "train.max_steps": 0, "train.select_best": True})
     torch.manual_seed(0)
     model = build_model(cfg.model, ds.data.n_items, cfg.data.max_len)
     val = lambda m: evaluate(last_token_scores(m), ds.data.eval_batches("val", 256, cfg.data.max_len),  # noqa: E731
