@@ -261,6 +261,8 @@ class TrainAblation:
     models: list[str] = field(default_factory=lambda: ["hstu", "sasrec", "popularity"])
     seeds: list[int] = field(default_factory=lambda: [0])
     datasets: list[str] = field(default_factory=lambda: ["scale"])  # "scale" = the scale's own data
+    # per dataset (same order): a step cap below the scale's train.max_steps, 0 = none; empty = no caps
+    max_steps: list[int] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         for m in self.models:
@@ -273,6 +275,9 @@ class TrainAblation:
                     DataConfig(dataset=d)
                 except ConfigError as err:
                     raise ConfigError(f"ablations.train.datasets: {err}") from None
+        _check(not self.max_steps or len(self.max_steps) == len(self.datasets), "ablations.train.max_steps",
+               f"needs one entry per dataset ({len(self.datasets)}), got {len(self.max_steps)}")
+        _check(all(n >= 0 for n in self.max_steps), "ablations.train.max_steps", f"must be >= 0, got {self.max_steps}")
 
 
 ABLATIONS: dict[str, type] = {"train": TrainAblation}

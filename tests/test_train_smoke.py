@@ -37,3 +37,15 @@ def test_preset_table_counts_every_scale():
     assert table["scale"].to_list()[:4] == ["smoke", "laptop", "server", "paper"]
     paper = table.filter(table["scale"] == "paper").row(0, named=True)
     assert 0.18e9 <= paper["dense_params"] <= 0.22e9 and paper["item_table_params"] is None
+
+
+def test_ablation_grid_checks_and_step_budgets():
+    import pytest
+
+    from grlib.config import ConfigError
+
+    with pytest.raises(ConfigError, match="ablations.train.max_steps: needs one entry per dataset"):
+        load_ablation("train", {"datasets": ["scale", "ml-100k"], "max_steps": [40]})
+    with pytest.raises(ConfigError, match="ablations.train.datasets: data.dataset: 'netflix' is not one of"):
+        load_ablation("train", {"datasets": ["netflix"]})
+    assert [train_stage.step_budget(a, b) for a, b in ((3, 40), (120, 40), (120, 0), (0, 0))] == [3, 40, 120, 0]

@@ -102,7 +102,8 @@ def run(cfg: Config, ablation: TrainAblation) -> dict:
     "skipped": {dataset: reason}}."""
     peak = perf.peak_flops() if any(m != "popularity" for m in ablation.models) else None
     rows, curves, skipped = [], [], {}
-    for name in ablation.datasets:
+    caps = ablation.max_steps or [0] * len(ablation.datasets)
+    for name, cap in zip(ablation.datasets, caps):
         try:
             ds = load_dataset(cfg, name)
         except FileNotFoundError as err:
@@ -111,7 +112,8 @@ def run(cfg: Config, ablation: TrainAblation) -> dict:
             continue
         for model in ablation.models:
             for seed in ablation.seeds:
-                run_cfg = cfg.replace({"model.name": model, "train.seed": seed})
+                run_cfg = cfg.replace({"model.name": model, "train.seed": seed,
+                                       "train.max_steps": step_budget(cfg.train.max_steps, cap)})
                 row, curve = run_one(run_cfg, ds, peak)
                 key = {"dataset": ds.name, "model": model, "seed": seed}
                 rows.append({**key, **row})
@@ -127,6 +129,12 @@ def run(cfg: Config, ablation: TrainAblation) -> dict:
                                                            "vs_popularity", "seeds")}
         for r in summ.iter_rows(named=True)}})
     return {"table": table, "curves": pl.DataFrame(curves), "summary": summ, "skipped": skipped}
+
+
+def step_budget(scale_cap: int, dataset_cap: int) -> int:
+    """The tighter of the scale's train.max_steps and the dataset's cap (0 = no cap)."""
+    caps = [c for c in (scale_cap, dataset_cap) if c > 0]
+    return min(caps) if caps else 0
 
 
 def summary(table: pl.DataFrame) -> pl.DataFrame:
