@@ -35,3 +35,9 @@ def test_bench_train_smoke(isolated_outputs):
         for key in ("mfu", "tokens_per_s", "step_ms", "flops_per_step", "peak_flops"):
             assert r[key] > 0, key
         assert r["peak_flops"] >= max(r["peak_before"], r["peak_after"])
+
+
+def test_params_only_reports_the_paper_preset(capsys):
+    assert main(["train", "--scale", "paper", "--params-only"]) == 0
+    out = capsys.readouterr().out
+    assert "paper" in out and "189,441,024" in out  # ~0.2B dense parameters, nothing allocated

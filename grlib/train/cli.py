@@ -2,6 +2,7 @@
 
     python -m grlib train --scale smoke --dataset ml-100k --model hstu --json out.json
     python -m grlib train --scale laptop --model sasrec --seed 1 --checkpoint-dir ckpt --checkpoint-every 50
+    python -m grlib train --params-only            # parameters of every scale's HSTU (paper: ~0.2B dense)
 
 JSON keys: ndcg@10, hr@10, mrr (test), params, tokens_per_s, mfu, plus every val_/test_ metric.
 The row is also appended to results/tables/train_runs.parquet.
@@ -32,6 +33,8 @@ def add_train_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--checkpoint-every", type=int, default=0, help="checkpoint every N steps (and each epoch end)")
     p.add_argument("--losses", default=None, help="also write the per-step losses as a JSON list to this path")
     p.add_argument("--json", default=None, help="write the metrics as JSON to this path")
+    p.add_argument("--params-only", action="store_true",
+                   help="only print every scale's parameter counts (meta device, no data, no training)")
     p.set_defaults(func=run_cli)
 
 
@@ -54,6 +57,14 @@ def run_cli(args: argparse.Namespace) -> int:
     from grlib.results import atomic_write_bytes
     from grlib.train import train
 
+    if args.params_only:
+        import polars as pl
+
+        from grlib.experiments.train_stage import preset_table
+
+        with pl.Config(tbl_rows=-1, tbl_cols=-1, tbl_width_chars=200, thousands_separator=True):
+            print(preset_table([args.scale] if args.scale else None))
+        return 0
     overrides = parse_overrides(args.override)
     overrides["model.name"] = args.model
     if args.seed is not None:
