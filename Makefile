@@ -26,8 +26,8 @@ $(DEPS_STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install -q torch==2.13.0
 	GRLIB_SKIP_EXT=1 $(PIP) install -q --no-build-isolation -e '.[test]'
-	mkdir -p $(VENV)/etc/jupyter
-	printf "c.IPKernelApp.log_level = 'ERROR'\n" > $(VENV)/etc/jupyter/ipython_kernel_config.py
+	mkdir -p $(VENV)/etc/ipython
+	printf "c.IPKernelApp.log_level = 'ERROR'\n" > $(VENV)/etc/ipython/ipython_kernel_config.py
 	touch $@
 
 $(KERNEL_STAMP): $(DEPS_STAMP) $(KERNEL_SOURCES)
@@ -53,6 +53,7 @@ lab: $(KERNEL_STAMP)
 bench: $(KERNEL_STAMP)
 	$(PY) -m grlib bench ops --scale laptop --json results/metrics/bench_ops.json
 	$(PY) -m grlib bench train --scale laptop --json results/metrics/bench_train.json
+	$(PY) -m grlib bench data --scale laptop --rows 5000000 10000000 --json results/metrics/bench_data.json
 
 clean-venv:
 	rm -rf $(VENV) build

@@ -4,6 +4,7 @@
     python -m grlib config --scale laptop
     python -m grlib bench ops --json out.json
     python -m grlib train --scale smoke --dataset ml-100k --model hstu --json out.json
+    python -m grlib data prepare --dataset synthetic --out DIR
 """
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import json
 import sys
 
 from grlib import config
+from grlib.data.schema import DataError
 
 
 def _notebook(args: argparse.Namespace) -> int:
@@ -32,6 +34,7 @@ def _config(args: argparse.Namespace) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     from grlib.bench import add_bench_parser
+    from grlib.data.cli import add_data_parser
 
     parser = argparse.ArgumentParser(prog="python -m grlib", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -50,6 +53,7 @@ def build_parser() -> argparse.ArgumentParser:
     cf.set_defaults(func=_config)
 
     add_bench_parser(sub)
+    add_data_parser(sub)
     from grlib.train.cli import add_train_parser
 
     add_train_parser(sub)
@@ -60,7 +64,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)
-    except config.ConfigError as err:
+    except (config.ConfigError, DataError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
 

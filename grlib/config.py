@@ -23,6 +23,7 @@ from typing import Any
 import yaml
 
 from grlib import paths
+from grlib.data.schema import ACTION_BITS
 
 
 class ConfigError(ValueError):
@@ -43,6 +44,9 @@ class DataConfig:
     max_len: int = 64  # history tokens kept per user (the most recent ones)
     min_item_count: int = 1  # items seen fewer times map to the out-of-vocabulary id
     seed: int = 0
+    target: str = "is_click"  # rows the model predicts: an action column (is_click, is_like, ...) or "all"
+    context: str = "all"  # history tokens: "all" impressions or only the "targets"
+    bucket_rows: int = 2_000_000  # preprocessing memory bound: log rows per bucket of users
 
     def __post_init__(self) -> None:
         valid = ("synthetic", "kuairand-pure", "kuairand-1k", "kuairand-27k", "ml-100k")
@@ -52,6 +56,11 @@ class DataConfig:
         _check(self.n_items > 1, "data.n_items", f"must be > 1, got {self.n_items}")
         _check(self.max_len >= 2, "data.max_len", f"must be >= 2, got {self.max_len}")
         _check(self.min_item_count >= 1, "data.min_item_count", f"must be >= 1, got {self.min_item_count}")
+        targets = ("all", *ACTION_BITS)
+        _check(self.target in targets, "data.target", f"{self.target!r} is not one of {targets}")
+        _check(self.context in ("all", "targets"), "data.context",
+               f"{self.context!r} is not one of ('all', 'targets')")
+        _check(self.bucket_rows >= 1000, "data.bucket_rows", f"must be >= 1000, got {self.bucket_rows}")
 
 
 @dataclass(frozen=True)

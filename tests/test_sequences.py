@@ -24,10 +24,11 @@ def test_leave_one_out_on_targets_and_bitmask():
     assert seqs["user_id"].to_list() == [7]
     row = seqs.row(0, named=True)
     ids = dict(zip(vocab["video_id"], vocab["item_id"]))
-    assert row["item_ids"] == [ids[v] for v in (10, 20, 10, 40, 30, 50)]
+    assert row["item_ids"] == [ids[v] for v in (10, 20, 10, 40, 30)]  # t=6, after the test target: cut
     assert ids[10] == FIRST_ITEM_ID  # the most frequent video gets the first id
-    assert row["timestamps"] == [1, 2, 3, 4, 5, 6]
-    assert row["actions"] == [64, 1, 0, 1, 1, 0]
+    assert row["timestamps"] == [1, 2, 3, 4, 5]
+    assert row["actions"] == [64, 1, 0, 1, 1]
+    assert row["n_events"] == 6
     assert (row["val_pos"], row["test_pos"]) == (3, 4)
 
 

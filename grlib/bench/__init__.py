@@ -13,6 +13,7 @@ from pathlib import Path
 BENCHES = {
     "ops": "grlib.bench.ops",
     "train": "grlib.bench.train",
+    "data": "grlib.bench.data",
 }
 
 

@@ -1,18 +1,30 @@
 """Raw log rows -> per-user sequences with leave-one-out splits, and their jagged batches.
 
 Sequences table (one row per user, parquet):
-    user_id     int64
-    item_ids    list[int32]   dense vocabulary ids (0 pad, 1 out-of-vocabulary, 2.. by frequency)
-    actions     list[int16]   action bitmask (grlib.data.schema.ACTION_BITS)
-    timestamps  list[int64]   seconds
-    is_target   list[bool]    events the model is asked to predict (default: clicks)
-    val_pos     int32         index of the validation target (second-last target)
-    test_pos    int32         index of the test target (last target)
+    user_id       int64
+    item_ids      list[int32]   dense vocabulary ids (0 pad, 1 out-of-vocabulary, 2.. by frequency)
+    actions       list[int16]   action bitmask (grlib.data.schema.ACTION_BITS)
+    timestamps    list[int64]   seconds (time_ms // 1000)
+    play_time_ms  list[int32]   the user's view time of each event
+    duration_ms   list[int32]   the video's duration (<= 0 where the log has none)
+    is_target     list[bool]    events the model is asked to predict (default: clicks)
+    val_pos       int32         index of the validation target (second-last target)
+    test_pos      int32         index of the test target (last target)
+    n_events      int32         the user's events after the event filter, before the cut to max_len
 
-All events are context; only targets are predicted. Training uses events before val_pos;
-validation predicts events[val_pos] from the max_len events before it; test predicts
-events[test_pos] likewise. Users with fewer than 3 targets are dropped. Each sequence is cut so
-that it starts at most max_len events before val_pos (older events are never used).
+Vocabulary table (vocab.parquet): video_id int64, count uint32 (rows of the log), item_id int32;
+most frequent first, ties by video_id; videos seen fewer than min_item_count times are left out
+and map to OOV_ID.
+
+Event filter: `target` names the log column whose rows are targets (is_click by default, any
+action of ACTION_BITS, or "all"); `context` = "all" keeps every impression as context (the
+default: the model sees what the user scrolled past, as in KuaiRand's sequential logs), "targets"
+keeps only the target events. Events of one user are ordered by time_ms, ties by file order.
+
+Only targets are predicted. Training uses events before val_pos; validation predicts
+events[val_pos] from the max_len events before it; test predicts events[test_pos] likewise.
+Users with fewer than 3 targets are dropped. Each sequence is cut so that it starts at most
+max_len events before val_pos and ends at test_pos (older and later events are never used).
 """
 from __future__ import annotations
 
@@ -23,49 +35,81 @@ import numpy as np
 import polars as pl
 import torch
 
-from grlib.data.schema import FIRST_ITEM_ID, OOV_ID, action_mask_expr
+from grlib.data.schema import ACTION_BITS, FIRST_ITEM_ID, OOV_ID, action_mask_expr
+
+TARGETS = ("all", *ACTION_BITS)
+CONTEXTS = ("all", "targets")
+LIST_COLUMNS = ("item_ids", "actions", "timestamps", "play_time_ms", "duration_ms", "is_target")
+
+
+def target_expr(target: str) -> pl.Expr:
+    """Boolean expression marking target rows of a raw log."""
+    if target not in TARGETS:
+        raise ValueError(f"target {target!r} is not one of {TARGETS}")
+    return (pl.lit(True) if target == "all" else pl.col(target) > 0).alias("is_target")
+
+
+def vocab_from_counts(counts: pl.DataFrame, min_item_count: int) -> pl.DataFrame:
+    """(video_id, count) -> vocabulary, most frequent first, items below min_item_count left out."""
+    vocab = (counts.filter(pl.col("count") >= min_item_count)
+             .sort(["count", "video_id"], descending=[True, False]))
+    return vocab.select(pl.col("video_id").cast(pl.Int64), pl.col("count").cast(pl.UInt32),
+                        (pl.int_range(pl.len(), dtype=pl.Int32) + FIRST_ITEM_ID).alias("item_id"))
 
 
 def build_vocab(log: pl.LazyFrame, min_item_count: int) -> pl.DataFrame:
     """video_id -> item_id, most frequent first, items below min_item_count left out (-> OOV)."""
-    counts = (log.group_by("video_id").agg(pl.len().alias("count"))
-              .filter(pl.col("count") >= min_item_count)
-              .sort(["count", "video_id"], descending=[True, False]).collect())
-    return counts.with_columns(
-        (pl.int_range(pl.len(), dtype=pl.Int32) + FIRST_ITEM_ID).alias("item_id"))
+    counts = log.group_by("video_id").agg(pl.len().alias("count")).collect()
+    return vocab_from_counts(counts, min_item_count)
 
 
-def build_sequences(log: pl.LazyFrame | pl.DataFrame, max_len: int, min_item_count: int = 1,
-                    target: str = "is_click") -> tuple[pl.DataFrame, pl.DataFrame]:
-    """Returns (sequences, vocab). `target` names the 0/1 log column that marks targets."""
-    log = log.lazy()
-    vocab = build_vocab(log, min_item_count)
-    events = (
-        log.join(vocab.lazy().select("video_id", "item_id"), on="video_id", how="left")
-        .select(
-            "user_id", "time_ms",
-            pl.col("item_id").fill_null(OOV_ID).cast(pl.Int32).alias("item_ids"),
-            action_mask_expr().alias("actions"),
-            (pl.col("time_ms") // 1000).alias("timestamps"),
-            (pl.col(target) > 0).alias("is_target"),
-        )
-        .sort(["user_id", "time_ms"], maintain_order=True)
-    )
+def event_columns(target: str) -> list[pl.Expr]:
+    """Raw log columns -> the per-event columns of the sequences table (before the vocabulary)."""
+    return [pl.col("user_id"), pl.col("video_id"), pl.col("time_ms"), action_mask_expr().alias("actions"),
+            pl.col("play_time_ms"), pl.col("duration_ms"), target_expr(target)]
+
+
+def group_sequences(events: pl.LazyFrame, max_len: int, context: str = "all") -> pl.LazyFrame:
+    """Events (user_id, item_ids, time_ms, actions, play_time_ms, duration_ms, is_target), already
+    sorted by user then time -> one row per user with leave-one-out positions, cut to max_len."""
+    if context not in CONTEXTS:
+        raise ValueError(f"context {context!r} is not one of {CONTEXTS}")
+    if context == "targets":
+        events = events.filter(pl.col("is_target"))
     seqs = events.group_by("user_id", maintain_order=True).agg(
-        "item_ids", "actions", "timestamps", "is_target")
+        pl.col("item_ids").cast(pl.Int32),
+        pl.col("actions").cast(pl.Int16),
+        (pl.col("time_ms") // 1000).alias("timestamps"),
+        pl.col("play_time_ms").cast(pl.Int32),
+        pl.col("duration_ms").cast(pl.Int32),
+        pl.col("is_target"),
+    )
     target_idx = pl.col("is_target").list.eval(pl.arg_where(pl.element()))
-    seqs = (seqs.with_columns(target_idx.alias("_t"))
+    seqs = (seqs.with_columns(target_idx.alias("_t"), pl.col("item_ids").list.len().cast(pl.Int32).alias("n_events"))
             .filter(pl.col("_t").list.len() >= 3)
             .with_columns(pl.col("_t").list.get(-1).cast(pl.Int64).alias("test_pos"),
                           pl.col("_t").list.get(-2).cast(pl.Int64).alias("val_pos"))
             .with_columns((pl.col("val_pos") - max_len).clip(lower_bound=0).alias("_start")))
-    cols = ["item_ids", "actions", "timestamps", "is_target"]
-    seqs = seqs.with_columns(
-        *[pl.col(c).list.slice(pl.col("_start")) for c in cols],
+    return seqs.with_columns(
+        *[pl.col(c).list.slice(pl.col("_start"), pl.col("test_pos") - pl.col("_start") + 1) for c in LIST_COLUMNS],
         (pl.col("val_pos") - pl.col("_start")).cast(pl.Int32).alias("val_pos"),
         (pl.col("test_pos") - pl.col("_start")).cast(pl.Int32).alias("test_pos"),
-    ).select("user_id", *cols, "val_pos", "test_pos")
-    return seqs.collect(), vocab
+    ).select("user_id", *LIST_COLUMNS, "val_pos", "test_pos", "n_events")
+
+
+def build_sequences(log: pl.LazyFrame | pl.DataFrame, max_len: int, min_item_count: int = 1,
+                    target: str = "is_click", context: str = "all") -> tuple[pl.DataFrame, pl.DataFrame]:
+    """Returns (sequences, vocab) of an in-memory log (grlib.data.preprocess streams big files
+    through the same group_sequences)."""
+    log = log.lazy()
+    vocab = build_vocab(log, min_item_count)
+    events = (
+        log.select(event_columns(target))
+        .join(vocab.lazy().select("video_id", "item_id"), on="video_id", how="left", maintain_order="left")
+        .with_columns(pl.col("item_id").fill_null(OOV_ID).alias("item_ids"))
+        .sort(["user_id", "time_ms"], maintain_order=True)
+    )
+    return group_sequences(events, max_len, context).collect(), vocab
 
 
 def sequence_stats(seqs: pl.DataFrame, vocab: pl.DataFrame) -> dict[str, float | int]:
@@ -118,7 +162,8 @@ class SequenceData:
 
     @classmethod
     def load(cls, folder: Path) -> "SequenceData":
-        seqs = pl.read_parquet(folder / "sequences.parquet")
+        seqs = pl.read_parquet(folder / "sequences.parquet", columns=[
+            "user_id", "item_ids", "actions", "timestamps", "is_target", "val_pos", "test_pos"])
         vocab = pl.read_parquet(folder / "vocab.parquet")
         return cls(seqs, n_items=vocab.height + FIRST_ITEM_ID)
 

@@ -1,55 +1,62 @@
-"""Stage `data` (notebooks/00_data): raw log -> processed sequences + stats for one scale."""
+"""Stage `data` (notebooks/00_data): raw log -> processed sequences + stats for one scale.
+
+Every dataset goes through grlib.data.preprocess.prepare_logs: the synthetic log is first
+written as a KuaiRand-style CSV (a temporary file under data/raw/), KuaiRand versions come from the
+download cache (grlib.data.download), MovieLens-100K from the shared real-data slices when present,
+else from the cache.
+"""
 from __future__ import annotations
 
 import json
-import shutil
+import math
 import tempfile
 from pathlib import Path
 
 import altair as alt
+import numpy as np
 import polars as pl
 
 from grlib import paths, results
 from grlib.config import Config, DataConfig
-from grlib.data.sequences import build_sequences, sequence_stats
+from grlib.data import download, preprocess, registry
 from grlib.data.movielens import read_ml100k
-from grlib.data.synthetic import generate_log
+from grlib.data.synthetic import PUBLISHED_27K, user_lengths, write_log_csv
 
 
 def processed_dir(cfg: Config) -> Path:
     return paths.data_dir() / "processed" / cfg.scale
 
 
-def raw_log(cfg: DataConfig) -> pl.DataFrame:
+def raw_sources(cfg: DataConfig, work: Path) -> list[preprocess.Source]:
+    """The raw logs of cfg.dataset (synthetic: written into `work` first)."""
     if cfg.dataset == "synthetic":
-        return generate_log(cfg.n_users, cfg.length_factor, cfg.n_items, cfg.seed)
-    if cfg.dataset == "ml-100k":
-        path = paths.real_data_file("movielens_100k/u.data")
-        if path is None:
-            raise FileNotFoundError("data.dataset=ml-100k: movielens_100k/u.data not found in the real-data "
-                                    "folder (shared/data/real beside the checkout, or GRLIB_REAL_DATA)")
-        return read_ml100k(path)
-    raise NotImplementedError(f"data.dataset={cfg.dataset!r} needs the KuaiRand download pipeline (not built yet)")
+        path = work / "synthetic.csv"
+        write_log_csv(path, cfg.n_users, cfg.length_factor, cfg.n_items, cfg.seed)
+        return [path]
+    spec = registry.get(cfg.dataset)
+    if spec.log_format == "ml-100k":
+        path = paths.real_data_file("movielens_100k/u.data") or download.log_paths(spec)[0]
+        return [read_ml100k(path)]
+    return download.log_paths(spec)
+
+
+def prepare_to(cfg: DataConfig, out: Path) -> dict:
+    """Writes sequences.parquet, vocab.parquet and stats.json of cfg into `out` (atomically)."""
+    raw = paths.data_dir() / "raw"
+    raw.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=raw, prefix=f".{cfg.dataset}-") as work:
+        sources = raw_sources(cfg, Path(work))
+        extra = {"dataset": cfg.dataset}
+        if cfg.dataset == "synthetic":
+            extra.update(n_users_generated=cfg.n_users, length_factor=cfg.length_factor)
+        return preprocess.prepare_logs(sources, out, max_len=cfg.max_len, min_item_count=cfg.min_item_count,
+                                       target=cfg.target, context=cfg.context, bucket_rows=cfg.bucket_rows,
+                                       extra_stats=extra)
 
 
 def prepare(cfg: Config) -> dict:
     """Writes sequences.parquet, vocab.parquet and stats.json into processed_dir(cfg), atomically."""
-    out = processed_dir(cfg)
-    seqs, vocab = build_sequences(raw_log(cfg.data), cfg.data.max_len, cfg.data.min_item_count)
-    stats = {"dataset": cfg.data.dataset, **sequence_stats(seqs, vocab)}
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}."))
-    try:
-        seqs.write_parquet(tmp / "sequences.parquet")
-        vocab.write_parquet(tmp / "vocab.parquet")
-        (tmp / "stats.json").write_text(json.dumps(stats, indent=2) + "\n")
-        if out.exists():
-            shutil.rmtree(out)
-        tmp.rename(out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    return stats
+    return prepare_to(cfg.data, processed_dir(cfg))
 
 
 def run(cfg: Config) -> pl.DataFrame:
@@ -69,11 +76,67 @@ def ensure_prepared(cfg: Config) -> Path:
     return out
 
 
+def stats_table(row: pl.DataFrame) -> pl.DataFrame:
+    """A result row of `run` as a two-column (statistic, value) table for display."""
+    skip = set(results.META_COLUMNS) - {"scale", "seed"}
+    return pl.DataFrame({"statistic": [c for c in row.columns if c not in skip],
+                         "value": [str(row[c][0]) for c in row.columns if c not in skip]})
+
+
+def _log_histogram(values: np.ndarray, label: str, bins: int = 30) -> pl.DataFrame:
+    top = max(float(values.max()), 2.0)
+    edges = np.unique(np.round(np.logspace(0, math.log10(top + 1), bins + 1)))
+    counts, edges = np.histogram(values, bins=edges)
+    return pl.DataFrame({"lo": edges[:-1], "hi": edges[1:], "users": counts, "lengths": [label] * len(counts)})
+
+
 def length_chart(cfg: Config) -> alt.Chart:
-    """Histogram of per-user sequence lengths (log x axis) of the processed data."""
-    lengths = pl.read_parquet(processed_dir(cfg) / "sequences.parquet", columns=["item_ids"]).select(
-        pl.col("item_ids").list.len().alias("length"))
-    return (alt.Chart(lengths).mark_bar()
-            .encode(x=alt.X("length:Q", bin=alt.Bin(maxbins=40), title="events per user (kept)"),
-                    y=alt.Y("count():Q", title="users"))
+    """Histogram of per-user sequence lengths on a log axis: in the log and kept (cut to max_len)."""
+    seqs = pl.read_parquet(processed_dir(cfg) / "sequences.parquet", columns=["item_ids", "n_events"])
+    kept = seqs["item_ids"].list.len().to_numpy()
+    hist = pl.concat([_log_histogram(seqs["n_events"].to_numpy(), "events in the log"),
+                      _log_histogram(kept, f"kept (max_len {cfg.data.max_len})")])
+    return (alt.Chart(hist).mark_rect(opacity=0.6)
+            .encode(x=alt.X("lo:Q", scale=alt.Scale(type="log"), title="events per user (log scale)"),
+                    x2="hi:Q", y=alt.Y("users:Q", title="users"), y2=alt.Y2(datum=0),
+                    color=alt.Color("lengths:N", title=None))
             .properties(title=f"Sequence lengths: {cfg.data.dataset}, scale {cfg.scale}", width=420, height=200))
+
+
+def popularity_chart(cfg: Config) -> alt.Chart:
+    """Item popularity curve: rows per video against popularity rank (log-log)."""
+    vocab = pl.read_parquet(processed_dir(cfg) / "vocab.parquet", columns=["count"])
+    curve = vocab.with_columns(pl.int_range(1, pl.len() + 1).alias("rank"))
+    if curve.height > 2000:  # thin out the tail: log-spaced ranks keep the curve's shape
+        keep = np.unique(np.round(np.logspace(0, math.log10(curve.height), 2000)).astype(np.int64))
+        curve = curve.filter(pl.col("rank").is_in(keep.tolist()))
+    return (alt.Chart(curve).mark_line()
+            .encode(x=alt.X("rank:Q", scale=alt.Scale(type="log"), title="popularity rank"),
+                    y=alt.Y("count:Q", scale=alt.Scale(type="log"), title="rows in the log"))
+            .properties(title=f"Item popularity: {cfg.data.dataset}, scale {cfg.scale}", width=420, height=200))
+
+
+def calibration_table(cfg: Config) -> pl.DataFrame:
+    """Synthetic vs published KuaiRand-27K, side by side: per-user length quantiles of the
+    generator's own length draw at length factor 1.0 for the published 27,285 users (seed
+    cfg.data.seed), the same quantiles of this scale's log divided by its length factor, and the
+    click / long-view rates of this scale's processed log."""
+    processed = json.loads((processed_dir(cfg) / "stats.json").read_text())
+    full = user_lengths(PUBLISHED_27K["users"], 1.0, np.random.default_rng([cfg.data.seed, 0]))
+    synthetic = cfg.data.dataset == "synthetic"
+    rows = []
+    for key, q in (("length_p50", 0.5), ("length_p90", 0.9), ("length_p99", 0.99)):
+        value = float(np.quantile(full, q))
+        rows.append({"statistic": f"events per user, {key[-3:]}", "published_27k": float(PUBLISHED_27K[key]),
+                     "synthetic": value, "relative_error": value / PUBLISHED_27K[key] - 1,
+                     "source": "generator, length factor 1.0, 27,285 users"})
+        if synthetic:
+            value = processed[f"raw_{key}"] / cfg.data.length_factor
+            rows.append({"statistic": f"events per user, {key[-3:]}", "published_27k": float(PUBLISHED_27K[key]),
+                         "synthetic": value, "relative_error": value / PUBLISHED_27K[key] - 1,
+                         "source": f"this log / length factor {cfg.data.length_factor}"})
+    for key in ("click_rate", "long_view_rate"):
+        rows.append({"statistic": key.replace("_", " "), "published_27k": PUBLISHED_27K[key],
+                     "synthetic": processed[key], "relative_error": processed[key] / PUBLISHED_27K[key] - 1,
+                     "source": f"this log ({cfg.data.dataset})"})
+    return pl.DataFrame(rows)

@@ -1,0 +1,165 @@
+"""Preprocessing throughput and peak memory: synthetic KuaiRand-shaped CSV -> sequences.
+
+For each --rows N a synthetic log of about N rows (length factor 1.0: KuaiRand-27K's per-user
+lengths) is written as CSV; then, each in a fresh child process, the streaming preprocessing
+(grlib.data.preprocess) and the baseline of the same run, everything in memory
+(build_sequences on the whole log), turn it into sequences. Per method: wall and CPU seconds,
+rows/s, and the child's own peak RSS (VmHWM), including the interpreter and its imports (idle_rss_mb).
+A last row extrapolates the streaming figures of the largest N to KuaiRand-27K (322,278,385 rows,
+32,038,725 videos). Rows go to results/tables/bench_data.parquet.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from grlib import results
+from grlib.bench.common import print_table
+from grlib.config import load_config
+from grlib.data.preprocess import PART_BYTES_PER_ROW
+
+KUAIRAND_27K_ROWS, KUAIRAND_27K_VIDEOS = 322_278_385, 32_038_725
+VOCAB_BYTES_PER_VIDEO = 28  # count array 8 + lookup 4 + vocab frame (video_id 8, count 4, item_id 4)
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--rows", type=int, nargs="+", default=[5_000_000], help="log rows (one run per value)")
+    p.add_argument("--length-factor", type=float, default=1.0)
+    p.add_argument("--n-items", type=int, default=1_000_000, help="catalogue size (the same for every N)")
+    p.add_argument("--max-len", type=int, default=4096)
+    p.add_argument("--bucket-rows", type=int, default=2_000_000)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--no-baseline", action="store_true", help="skip the in-memory baseline")
+    p.add_argument("--workdir", default=None, help="where the CSV and outputs go (default: system temp)")
+
+
+def users_for_rows(rows: int, length_factor: float, seed: int) -> int:
+    """Users whose synthetic log has about `rows` rows (mean length from a large draw)."""
+    from grlib.data.synthetic import expected_rows
+
+    mean = expected_rows(20_000, length_factor, seed) / 20_000
+    return max(1, round(rows / mean))
+
+
+def peak_rss_mb() -> float:
+    """This process's peak resident set size since it started its program (Linux: VmHWM of
+    /proc/self/status). ru_maxrss would also count the parent's RSS at fork time (Linux keeps
+    the larger of the two across exec), which is why the parent does not use it."""
+    try:
+        with open("/proc/self/status") as fh:
+            for line in fh:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # other systems: an upper bound
+
+
+def _child(spec_path: str) -> None:
+    """Runs one preprocessing in this (fresh) process; writes timings and peak RSS to spec['result']."""
+    spec = json.loads(Path(spec_path).read_text())
+    from grlib.data.preprocess import USED_COLUMNS, prepare_logs, scan_log
+    from grlib.data.sequences import build_sequences
+
+    idle = peak_rss_mb()
+    cpu0, t0 = time.process_time(), time.perf_counter()
+    csv, out = Path(spec["csv"]), Path(spec["out"])
+    if spec["method"] == "streaming":
+        stats = prepare_logs([csv], out, max_len=spec["max_len"], bucket_rows=spec["bucket_rows"])
+        rows, buckets = stats["rows"], stats["buckets"]
+    else:
+        log = scan_log(csv, USED_COLUMNS).collect()
+        seqs, vocab = build_sequences(log, spec["max_len"])
+        out.mkdir(parents=True, exist_ok=True)
+        seqs.write_parquet(out / "sequences.parquet")
+        vocab.write_parquet(out / "vocab.parquet")
+        rows, buckets = log.height, 1
+    result = {"seconds": time.perf_counter() - t0, "cpu_s": time.process_time() - cpu0,
+              "idle_rss_mb": idle, "peak_rss_mb": peak_rss_mb(), "rows": rows, "buckets": buckets}
+    Path(spec["result"]).write_text(json.dumps(result))
+
+
+def measure(method: str, csv: Path, work: Path, max_len: int, bucket_rows: int) -> dict:
+    """One preprocessing run in a fresh child process, which reports its own peak RSS."""
+    out, spec_path, result = work / f"out-{method}", work / f"spec-{method}.json", work / f"result-{method}.json"
+    spec_path.write_text(json.dumps({"method": method, "csv": str(csv), "out": str(out), "max_len": max_len,
+                                     "bucket_rows": bucket_rows, "result": str(result)}))
+    code = subprocess.call([sys.executable, "-m", "grlib.bench.data", "--child", str(spec_path)])
+    if code != 0:
+        raise RuntimeError(f"bench data: the {method} child failed (exit {code})")
+    res = json.loads(result.read_text())
+    shutil.rmtree(out, ignore_errors=True)
+    return res
+
+
+def run(args: argparse.Namespace) -> list[dict]:
+    from grlib.data.synthetic import write_log_csv
+
+    cfg = load_config(args.scale or "smoke")
+    rows_out = []
+    for target_rows in args.rows:
+        work = Path(tempfile.mkdtemp(dir=args.workdir, prefix="grlib-bench-data-"))
+        try:
+            users = users_for_rows(target_rows, args.length_factor, args.seed)
+            csv = work / "log.csv"
+            t0 = time.perf_counter()
+            n = write_log_csv(csv, users, args.length_factor, args.n_items, args.seed)
+            gen_s = time.perf_counter() - t0
+            methods = ["streaming"] + ([] if args.no_baseline else ["in-memory"])
+            for method in methods:
+                m = measure(method, csv, work, args.max_len, args.bucket_rows)
+                rows_out.append({
+                    "method": method, "rows": n, "users": users, "csv_mb": csv.stat().st_size / 1e6,
+                    "buckets": m["buckets"], "seconds": m["seconds"], "rows_per_s": n / m["seconds"],
+                    "cpu_s": m["cpu_s"], "rows_per_cpu_s": n / m["cpu_s"], "peak_rss_mb": m["peak_rss_mb"],
+                    "idle_rss_mb": m["idle_rss_mb"], "generate_s": gen_s, "n_items": args.n_items,
+                    "max_len": args.max_len, "bucket_rows": args.bucket_rows})
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
+    stream = [r for r in rows_out if r["method"] == "streaming"]
+    base = {r["rows"]: r for r in rows_out if r["method"] == "in-memory"}
+    smallest = min(stream, key=lambda r: r["rows"])
+    for method in {r["method"] for r in rows_out}:
+        runs = [r for r in rows_out if r["method"] == method]
+        first = min(runs, key=lambda r: r["rows"])
+        for r in runs:
+            r["rss_vs_smallest_run"] = r["peak_rss_mb"] / first["peak_rss_mb"]
+    for r in rows_out:
+        b = base.get(r["rows"])
+        r["speed_vs_in_memory"] = (r["rows_per_s"] / b["rows_per_s"]) if b else float("nan")
+        r["rss_vs_in_memory"] = (r["peak_rss_mb"] / b["peak_rss_mb"]) if b else float("nan")
+    largest = max(stream, key=lambda r: r["rows"])
+    vocab_mb = (KUAIRAND_27K_VIDEOS - args.n_items) * VOCAB_BYTES_PER_VIDEO / 1e6
+    rows_out.append({
+        "method": "streaming, extrapolated to KuaiRand-27K", "rows": KUAIRAND_27K_ROWS,
+        "seconds": KUAIRAND_27K_ROWS / largest["rows_per_s"], "rows_per_s": largest["rows_per_s"],
+        "cpu_s": KUAIRAND_27K_ROWS / largest["rows_per_cpu_s"], "rows_per_cpu_s": largest["rows_per_cpu_s"],
+        "peak_rss_mb": largest["peak_rss_mb"] + max(vocab_mb, 0.0),
+        "temp_disk_gb": KUAIRAND_27K_ROWS * PART_BYTES_PER_ROW / 1e9,
+        "rss_vs_smallest_run": float("nan"), "speed_vs_in_memory": float("nan"), "rss_vs_in_memory": float("nan"),
+        "bucket_rows": args.bucket_rows, "max_len": args.max_len, "n_items": KUAIRAND_27K_VIDEOS})
+    show = ["method", "rows", "buckets", "seconds", "rows_per_s", "rows_per_cpu_s", "peak_rss_mb", "idle_rss_mb",
+            "rss_vs_smallest_run", "speed_vs_in_memory", "rss_vs_in_memory"]
+    print_table([{k: r.get(k, float("nan")) for k in show} for r in rows_out],
+                f"bench data: CSV -> sequences, length factor {args.length_factor}, {args.n_items:,} videos, "
+                f"max_len {args.max_len}, bucket_rows {args.bucket_rows:,}; streaming flat-RSS ratio "
+                f"{largest['peak_rss_mb'] / smallest['peak_rss_mb']:.2f} ({smallest['rows']:,} -> "
+                f"{largest['rows']:,} rows); 27K extrapolation: "
+                f"{KUAIRAND_27K_ROWS / largest['rows_per_s'] / 60:.0f} min, "
+                f"{(largest['peak_rss_mb'] + max(vocab_mb, 0.0)) / 1e3:.1f} GB peak RSS")
+    results.append_rows("bench_data", rows_out, cfg)
+    return rows_out
+
+
+if __name__ == "__main__":  # the child process of `measure`
+    if len(sys.argv) == 3 and sys.argv[1] == "--child":
+        _child(sys.argv[2])
+    else:
+        sys.exit("usage: python -m grlib.bench.data --child SPEC.json (run `python -m grlib bench data` instead)")
