@@ -52,6 +52,7 @@ lab: $(KERNEL_STAMP)
 
 bench: $(KERNEL_STAMP)
 	$(PY) -m grlib bench ops --scale laptop --json results/metrics/bench_ops.json
+	$(PY) -m grlib bench train --scale laptop --json results/metrics/bench_train.json
 	$(PY) -m grlib bench data --scale laptop --rows 5000000 10000000 --json results/metrics/bench_data.json
 	$(PY) -m grlib bench kernels --scale laptop --json results/metrics/bench_kernels.json
 

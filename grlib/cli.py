@@ -3,6 +3,7 @@
     python -m grlib notebook 02_train --scale laptop [-p key value ...]
     python -m grlib config --scale laptop
     python -m grlib bench ops --json out.json
+    python -m grlib train --scale smoke --dataset ml-100k --model hstu --json out.json
     python -m grlib data prepare --dataset synthetic --out DIR
 """
 from __future__ import annotations
@@ -53,6 +54,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_bench_parser(sub)
     add_data_parser(sub)
+    from grlib.train.cli import add_train_parser
+
+    add_train_parser(sub)
     return parser
 
 

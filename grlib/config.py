@@ -103,6 +103,10 @@ class TrainConfig:
     max_steps: int = 0  # 0 = no cap beyond epochs
     eval_batch_size: int = 256
     seed: int = 0
+    warmup_steps: int = 0  # linear learning-rate warm-up over this many steps (0 = none)
+    grad_clip: float = 1.0  # max global gradient norm (0 = no clipping)
+    embedding_optimizer: str = "lazy_adam"  # lazy_adam (row-wise, touched rows only) | adamw (dense)
+    select_best: bool = True  # validate after each epoch; keep the weights of the best epoch
 
     def __post_init__(self) -> None:
         for name in ("epochs", "batch_size", "eval_batch_size"):
@@ -110,6 +114,10 @@ class TrainConfig:
         _check(self.lr > 0, "train.lr", f"must be > 0, got {self.lr}")
         _check(self.weight_decay >= 0, "train.weight_decay", f"must be >= 0, got {self.weight_decay}")
         _check(self.max_steps >= 0, "train.max_steps", f"must be >= 0, got {self.max_steps}")
+        _check(self.warmup_steps >= 0, "train.warmup_steps", f"must be >= 0, got {self.warmup_steps}")
+        _check(self.grad_clip >= 0, "train.grad_clip", f"must be >= 0, got {self.grad_clip}")
+        _check(self.embedding_optimizer in ("lazy_adam", "adamw"), "train.embedding_optimizer",
+               f"{self.embedding_optimizer!r} is not one of ('lazy_adam', 'adamw')")
 
 
 @dataclass(frozen=True)
@@ -292,11 +300,24 @@ class TrainAblation:
 
     models: list[str] = field(default_factory=lambda: ["hstu", "sasrec", "popularity"])
     seeds: list[int] = field(default_factory=lambda: [0])
+    datasets: list[str] = field(default_factory=lambda: ["scale"])  # "scale" = the scale's own data
+    # per dataset (same order): a step cap below the scale's train.max_steps, 0 = none; empty = no caps
+    max_steps: list[int] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         for m in self.models:
             _check(m in ("hstu", "sasrec", "popularity"), "ablations.train.models", f"unknown model {m!r}")
         _check(len(self.seeds) >= 1, "ablations.train.seeds", "needs at least one seed")
+        _check(len(self.datasets) >= 1, "ablations.train.datasets", "needs at least one dataset")
+        for d in self.datasets:
+            if d != "scale":  # a dataset name: checked by DataConfig
+                try:
+                    DataConfig(dataset=d)
+                except ConfigError as err:
+                    raise ConfigError(f"ablations.train.datasets: {err}") from None
+        _check(not self.max_steps or len(self.max_steps) == len(self.datasets), "ablations.train.max_steps",
+               f"needs one entry per dataset ({len(self.datasets)}), got {len(self.max_steps)}")
+        _check(all(n >= 0 for n in self.max_steps), "ablations.train.max_steps", f"must be >= 0, got {self.max_steps}")
 
 
 @dataclass(frozen=True)

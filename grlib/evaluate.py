@@ -1,9 +1,17 @@
-"""Full-ranking evaluation: every item scored, history items masked, no rank cap.
+"""Full-ranking evaluation: every item scored, no candidate sampling, no rank cap.
 
 rank = 1 + #(items scoring strictly higher than the target) + #(other items scoring equal)
-(ties count against the target, so a constant scorer gets no credit). Items the user has already
-interacted with before the target, and the pad / OOV ids, are excluded unless they are the target.
-HR@K = [rank <= K], NDCG@K = [rank <= K] / log2(rank + 1), MRR = 1 / rank, averaged over users.
+(ties count against the target, so a constant scorer gets no credit). The pad and OOV ids never
+compete. HR@K = [rank <= K], NDCG@K = [rank <= K] / log2(rank + 1), MRR = 1 / rank, averaged
+over users.
+
+History masking (mask_history=True) removes from the ranking every item the user interacted with
+before the target: the MovieLens protocol of SASRec and HSTU, where a user never rates an item
+twice. On logs with repeat consumption (KuaiRand) it would reveal the answer: if the target is
+one of the history items and the others are removed, ranking history items first puts the
+target at rank 1 (a "most recent item" scorer then gets HR@1 = the repeat rate). So masking is
+refused for a split where some target repeats a history item: evaluate those without masking
+(`repeat_fraction` tells which protocol a split allows).
 """
 from __future__ import annotations
 
@@ -19,17 +27,32 @@ from grlib.data.sequences import JaggedBatch
 KS = (1, 10, 50)
 
 
-def ranks_from_scores(scores: Tensor, targets: Tensor, history: list[np.ndarray]) -> Tensor:
-    """scores [B, V], targets [B], history per row -> ranks [B] (1 = best)."""
+def _history_index(history: list[np.ndarray]) -> tuple[Tensor, Tensor]:
+    """(row, item) index pairs of every history item, for one scatter."""
+    lengths = [len(h) for h in history]
+    rows = torch.repeat_interleave(torch.arange(len(history)), torch.tensor(lengths, dtype=torch.int64))
+    items = torch.from_numpy(np.concatenate(history).astype(np.int64)) if sum(lengths) else torch.zeros(0, dtype=torch.int64)
+    return rows, items
+
+
+def ranks_from_scores(scores: Tensor, targets: Tensor, history: list[np.ndarray] | None = None) -> Tensor:
+    """scores [B, V], targets [B], history per row (masked when given) -> ranks [B] (1 = best).
+
+    Raises ValueError when history is given and a target is one of its row's history items."""
     target_scores = scores.gather(1, targets[:, None])  # [B, 1], taken before masking
-    scores = scores.clone()
-    scores[:, :FIRST_ITEM_ID] = -torch.inf
-    for b, seen in enumerate(history):
-        if len(seen):
-            scores[b, torch.as_tensor(seen)] = -torch.inf
-    scores.scatter_(1, targets[:, None], -torch.inf)  # the target is counted apart from the others
-    higher = (scores > target_scores).sum(1)
-    ties = (scores == target_scores).sum(1)
+    competing = torch.ones_like(scores, dtype=torch.bool)  # [B, V]
+    competing[:, :FIRST_ITEM_ID] = False
+    if history is not None:
+        rows, items = _history_index(history)
+        hit = items == targets[rows]
+        if bool(hit.any()):
+            b = int(rows[hit][0])
+            raise ValueError(f"history masking would reveal the target: row {b}'s target {int(targets[b])} is in "
+                             f"its history (repeat consumption); evaluate this split with mask_history=False")
+        competing[rows, items] = False
+    competing.scatter_(1, targets[:, None], False)  # the target is counted apart from the others
+    higher = ((scores > target_scores) & competing).sum(1)
+    ties = ((scores == target_scores) & competing).sum(1)
     return 1 + higher + ties
 
 
@@ -44,12 +67,25 @@ def metrics_from_ranks(ranks: Tensor) -> dict[str, float]:
 
 
 @torch.no_grad()
-def evaluate(score_fn: Callable[[JaggedBatch], Tensor], batches: Iterable[JaggedBatch]) -> dict[str, float]:
+def evaluate(score_fn: Callable[[JaggedBatch], Tensor], batches: Iterable[JaggedBatch],
+             mask_history: bool = True) -> dict[str, float]:
     """score_fn maps a batch to [B, V] scores of the item after each sequence's last token."""
     ranks = []
     for batch in batches:
-        ranks.append(ranks_from_scores(score_fn(batch).float(), batch.eval_targets, batch.history))
+        history = batch.history if mask_history else None
+        ranks.append(ranks_from_scores(score_fn(batch).float(), batch.eval_targets, history))
     return metrics_from_ranks(torch.cat(ranks))
+
+
+def repeat_fraction(batches: Iterable[JaggedBatch]) -> float:
+    """The share of eval targets that repeat an item of their own history (0 on MovieLens)."""
+    repeats, users = 0, 0
+    for batch in batches:
+        rows, items = _history_index(batch.history)
+        hit = torch.zeros(batch.batch_size, dtype=torch.bool)
+        hit[rows[items == batch.eval_targets[rows]]] = True
+        repeats, users = repeats + int(hit.sum()), users + batch.batch_size
+    return repeats / users if users else 0.0
 
 
 def last_token_scores(model: torch.nn.Module) -> Callable[[JaggedBatch], Tensor]:

@@ -63,17 +63,19 @@ def test_dvc_repro_smoke_in_a_copy(tmp_path):
     assert (results / "figures" / "train_quality.png").read_bytes()[:4] == b"\x89PNG"
     assert (results / "executed" / "smoke" / "02_train.ipynb").exists()
     train = pl.read_parquet(results / "tables" / "train.parquet")
-    assert set(train["scale"]) == {"smoke"} and train.height == len(params["ablations"]["train"]["models"])
+    grid = params["ablations"]["train"]
+    per_seed = len(grid["models"]) * train["dataset"].n_unique()  # ml-100k is skipped where absent
+    assert set(train["scale"]) == {"smoke"} and train.height == per_seed * len(grid["seeds"])
 
     start = time.perf_counter()
     second = _run(dvc + ["repro"], repo, env).stdout
     assert "Running stage" not in second
     assert time.perf_counter() - start < 30
 
-    params["ablations"]["train"]["seeds"] = [0, 1]
+    params["ablations"]["train"]["seeds"] = grid["seeds"] + [max(grid["seeds"]) + 1]
     (repo / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
     third = _run(dvc + ["repro"], repo, env).stdout
     assert "Running stage 'train'" in third and "Running stage 'report'" in third
     assert "Running stage 'data'" not in third
     train = pl.read_parquet(results / "tables" / "train.parquet")
-    assert train.height == 3 * len(params["ablations"]["train"]["models"])  # appended, not replaced
+    assert train.height == per_seed * (2 * len(grid["seeds"]) + 1)  # appended, not replaced

@@ -1,9 +1,10 @@
 """The training stage end to end at the smoke scale, through grlib (what 02_train calls)."""
 from __future__ import annotations
 
+import json
 import math
 
-from grlib import results
+from grlib import paths, results
 from grlib.config import load_ablation, load_config
 from grlib.experiments import data_stage, report, train_stage
 
@@ -11,12 +12,40 @@ from grlib.experiments import data_stage, report, train_stage
 def test_smoke_stage_chain(isolated_outputs):
     cfg = load_config("smoke")
     data_stage.run(cfg)
-    table = train_stage.run(cfg, load_ablation("train", {"seeds": [0]}))
-    assert set(table["model"]) == {"hstu", "sasrec", "popularity"}
+    out = train_stage.run(cfg, load_ablation("train", {"seeds": [0, 1], "datasets": ["scale"]}))
+    table = out["table"]
+    assert set(table["model"]) == {"hstu", "sasrec", "popularity"} and table.height == 6
+    assert set(table["dataset"]) == {"synthetic"} and not table["mask_history"].any()  # the twin has repeats
     for row in table.iter_rows(named=True):
         assert 0 <= row["test_ndcg@10"] <= 1 and row["test_users"] > 0
         if row["model"] != "popularity":
             assert row["steps"] > 0 and math.isfinite(row["final_loss"]) and row["params"] > 0
-    out = report.run()
-    assert out["summary"].height == 3 and all(p.exists() for p in out["figures"])
-    assert results.read_table("train").height == 3
+            assert 0 < row["mfu"] < 1 and row["tokens_per_s"] > 0
+    summary = out["summary"]
+    assert summary.filter(summary["model"] == "popularity")["vs_popularity"].to_list() == [1.0]
+    assert set(out["curves"]["model"]) == {"hstu", "sasrec"}
+    assert results.read_table("train_curves").height == out["curves"].height
+    metrics = json.loads((paths.results_dir() / "metrics" / "train.json").read_text())
+    assert set(metrics) >= {"synthetic/hstu", "synthetic/sasrec", "synthetic/popularity", "skipped"}
+    rep = report.run()
+    assert rep["summary"].height == 3 and all(p.exists() for p in rep["figures"])
+    assert results.read_table("train").height == 6
+
+
+def test_preset_table_counts_every_scale():
+    table = train_stage.preset_table()
+    assert table["scale"].to_list()[:4] == ["smoke", "laptop", "server", "paper"]
+    paper = table.filter(table["scale"] == "paper").row(0, named=True)
+    assert 0.18e9 <= paper["dense_params"] <= 0.22e9 and paper["item_table_params"] is None
+
+
+def test_ablation_grid_checks_and_step_budgets():
+    import pytest
+
+    from grlib.config import ConfigError
+
+    with pytest.raises(ConfigError, match="ablations.train.max_steps: needs one entry per dataset"):
+        load_ablation("train", {"datasets": ["scale", "ml-100k"], "max_steps": [40]})
+    with pytest.raises(ConfigError, match="ablations.train.datasets: data.dataset: 'netflix' is not one of"):
+        load_ablation("train", {"datasets": ["netflix"]})
+    assert [train_stage.step_budget(a, b) for a, b in ((3, 40), (120, 40), (120, 0), (0, 0))] == [3, 40, 120, 0]

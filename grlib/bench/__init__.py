@@ -12,6 +12,7 @@ from pathlib import Path
 
 BENCHES = {
     "ops": "grlib.bench.ops",
+    "train": "grlib.bench.train",
     "data": "grlib.bench.data",
     "kernels": "grlib.bench.kernels",
 }

@@ -14,20 +14,22 @@ def train_summary(scale: str | None = None) -> pl.DataFrame:
         return table
     if scale:
         table = table.filter(pl.col("scale") == scale)
-    latest = results.latest(table, ["model", "seed"])
-    return (latest.group_by("scale", "model")
+    if "dataset" not in table.columns:  # rows written before the train stage had several datasets
+        table = table.with_columns(pl.lit("scale").alias("dataset"))
+    latest = results.latest(table, ["dataset", "model", "seed"])
+    return (latest.group_by("scale", "dataset", "model")
             .agg(pl.len().alias("seeds"),
                  pl.col("test_ndcg@10").mean().alias("ndcg@10"), pl.col("test_ndcg@10").std().alias("ndcg@10_std"),
                  pl.col("test_hr@10").mean().alias("hr@10"), pl.col("test_mrr").mean().alias("mrr"),
                  pl.col("params").first(), pl.col("tokens_per_s").mean().alias("tokens_per_s"))
-            .sort("scale", "ndcg@10", descending=[False, True]))
+            .sort("scale", "dataset", "ndcg@10", descending=[False, False, True]))
 
 
 def quality_chart(summary: pl.DataFrame) -> alt.Chart:
     return (alt.Chart(summary)
             .mark_bar()
             .encode(x=alt.X("ndcg@10:Q", title="test NDCG@10"), y=alt.Y("model:N", sort="-x"),
-                    color="model:N", row=alt.Row("scale:N"))
+                    color="model:N", row=alt.Row("scale:N"), column=alt.Column("dataset:N"))
             .properties(title="Full-ranking NDCG@10 (mean over seeds)", width=360))
 
 

@@ -1,47 +1,215 @@
-"""Stage `train` (notebooks/02_train): every model x seed of the ablation, trained and evaluated."""
+"""Stage `train` (notebooks/02_train): every dataset x model x seed of the ablation, trained,
+selected on validation and evaluated on test by full ranking.
+
+Datasets: "scale" is the scale's own processed data (the `data` stage's output, e.g. the
+synthetic KuaiRand twin at laptop scale); any other name (e.g. "ml-100k") is prepared with the
+scale's data settings by the data stage's code into its own folder. A real dataset whose file is
+absent is skipped with its reason (listed in `run`'s result and in the metrics JSON), never replaced.
+"""
 from __future__ import annotations
 
+import dataclasses
+import hashlib
+import json
+import math
+import time
+from dataclasses import dataclass
+
+import altair as alt
 import polars as pl
 import torch
 
-from grlib import results
+from grlib import perf, results
 from grlib.config import Config, TrainAblation
+from grlib.data.schema import FIRST_ITEM_ID
 from grlib.data.sequences import SequenceData
-from grlib.evaluate import evaluate, last_token_scores, popularity_scores
-from grlib.experiments.data_stage import processed_dir
-from grlib.model import build_model, count_parameters
+from grlib.evaluate import evaluate, last_token_scores, popularity_scores, repeat_fraction
+from grlib.experiments import data_stage
+from grlib.model import build_model, parameter_count
 from grlib.train import train
 
 
-def run_one(cfg: Config, data: SequenceData) -> dict:
-    """Trains cfg.model.name with cfg.train.seed; returns val/test metrics and speed."""
-    max_len, bs = cfg.data.max_len, cfg.train.eval_batch_size
+@dataclass
+class Dataset:
+    name: str
+    data: SequenceData
+    mask_history: bool  # MovieLens protocol; refused on logs with repeat consumption (grlib.evaluate)
+    repeat_fraction: float  # share of test targets that repeat a history item
+
+
+def dataset_name(cfg: Config, name: str) -> str:
+    return cfg.data.dataset if name == "scale" else name
+
+
+def load_dataset(cfg: Config, name: str = "scale") -> Dataset:
+    """The sequences of `name` ("scale" = the scale's processed data) with its evaluation protocol.
+
+    Another dataset is prepared once by the data stage's code into its own folder,
+    data/processed/<scale>-<dataset>-<hash of its data settings>, and reused while those settings hold."""
+    real = dataset_name(cfg, name)
+    if real == cfg.data.dataset:
+        folder = data_stage.ensure_prepared(cfg)
+    else:
+        data_cfg = dataclasses.replace(cfg.data, dataset=real)
+        digest = hashlib.sha256(json.dumps(dataclasses.asdict(data_cfg), sort_keys=True).encode()).hexdigest()[:8]
+        folder = data_stage.ensure_prepared(Config(scale=f"{cfg.scale}-{real}-{digest}", data=data_cfg))
+    data = SequenceData.load(folder)
+    rep = max(repeat_fraction(data.eval_batches(s, 1024, cfg.data.max_len)) for s in ("val", "test"))
+    return Dataset(real, data, mask_history=rep == 0.0, repeat_fraction=rep)
+
+
+def run_one(cfg: Config, ds: Dataset, peak: float | None = None) -> tuple[dict, list[dict]]:
+    """Trains cfg.model.name with cfg.train.seed on ds; returns (result row, learning-curve rows)."""
+    max_len, bs, data = cfg.data.max_len, cfg.train.eval_batch_size, ds.data
+    val = lambda score: evaluate(score, data.eval_batches("val", bs, max_len), ds.mask_history)  # noqa: E731
+    curve: list[dict] = []
     if cfg.model.name == "popularity":
         score = popularity_scores(data.train_item_counts())
-        row = {"params": 0, "steps": 0, "train_s": 0.0, "tokens_per_s": 0.0, "final_loss": float("nan")}
+        row = {"params": 0, "params_dense": 0, "steps": 0, "best_epoch": -1, "train_s": 0.0, "tokens_per_s": 0.0,
+               "mfu": float("nan"), "attention_impl": "", "final_loss": float("nan")}
     else:
         torch.manual_seed(cfg.train.seed)
-        model = build_model(cfg.model, data.n_items)
-        fit = train(model, data, cfg.train, max_len, cfg.negatives)
+        model = build_model(cfg.model, data.n_items, max_len)
+        flops = lambda batch: perf.batch_flops(batch.offsets, cfg.model)  # noqa: E731
+        start = time.perf_counter()
+        fit = train(model, data, cfg.train, max_len, cfg.negatives, validate=lambda m: val(last_token_scores(m)),
+                    flops_fn=flops)
+        wall = time.perf_counter() - start
         score = last_token_scores(model)
-        row = {"params": count_parameters(model), "steps": fit.steps, "train_s": fit.seconds,
-               "tokens_per_s": fit.tokens_per_s, "final_loss": fit.losses[-1] if fit.losses else float("nan")}
-    val = evaluate(score, data.eval_batches("val", bs, max_len))
-    test = evaluate(score, data.eval_batches("test", bs, max_len))
-    return {**row, **{f"val_{k}": v for k, v in val.items()}, **{f"test_{k}": v for k, v in test.items()}}
+        count = parameter_count(model)
+        useful = sum(r["flops"] for r in fit.timeline)
+        row = {"params": count.total, "params_dense": count.dense, "steps": fit.steps, "best_epoch": fit.best_epoch,
+               "train_s": wall, "tokens_per_s": fit.tokens_per_s,
+               "mfu": perf.mfu(useful, fit.seconds, peak) if peak and fit.seconds else float("nan"),
+               "attention_impl": model.attention_impl() if cfg.model.name == "hstu" else "torch-sdpa",
+               "final_loss": fit.losses[-1] if fit.losses else float("nan")}
+        curve = [{"step": r["step"], "epoch": r["epoch"], "loss": r["loss"]} for r in fit.timeline]
+        curve += [{"step": h["step"], "epoch": h["epoch"], "val_ndcg@10": h["ndcg@10"]} for h in fit.val_history]
+    if curve and cfg.train.select_best and fit.best_epoch >= 0:  # the restored best epoch's validation
+        v = {k: x for k, x in fit.val_history[[h["epoch"] for h in fit.val_history].index(fit.best_epoch)].items()
+             if k not in ("epoch", "step")}
+    else:
+        v = val(score)
+    t = evaluate(score, data.eval_batches("test", bs, max_len), ds.mask_history)
+    row.update(mask_history=ds.mask_history, repeat_fraction=ds.repeat_fraction,
+               **{f"val_{k}": x for k, x in v.items()}, **{f"test_{k}": x for k, x in t.items()})
+    return row, curve
 
 
-def run(cfg: Config, ablation: TrainAblation) -> pl.DataFrame:
-    data = SequenceData.load(processed_dir(cfg))
-    rows = []
-    for model in ablation.models:
-        for seed in ablation.seeds:
-            run_cfg = cfg.replace({"model.name": model, "train.seed": seed})
-            rows.append({"model": model, "seed": seed, **run_one(run_cfg, data)})
+def run(cfg: Config, ablation: TrainAblation) -> dict:
+    """Trains the grid; appends rows to tables `train` and `train_curves`; returns
+    {"table": this run's rows, "curves": curve rows, "summary": mean/std per dataset x model,
+    "skipped": {dataset: reason}}."""
+    peak = perf.peak_flops() if any(m != "popularity" for m in ablation.models) else None
+    rows, curves, skipped = [], [], {}
+    caps = ablation.max_steps or [0] * len(ablation.datasets)
+    for name, cap in zip(ablation.datasets, caps):
+        try:
+            ds = load_dataset(cfg, name)
+        except FileNotFoundError as err:
+            skipped[dataset_name(cfg, name)] = str(err)
+            print(f"skipped dataset {dataset_name(cfg, name)!r}: {err}")
+            continue
+        for model in ablation.models:
+            for seed in ablation.seeds:
+                run_cfg = cfg.replace({"model.name": model, "train.seed": seed,
+                                       "train.max_steps": step_budget(cfg.train.max_steps, cap)})
+                row, curve = run_one(run_cfg, ds, peak)
+                key = {"dataset": ds.name, "model": model, "seed": seed}
+                rows.append({**key, **row})
+                curves += [{**key, **c} for c in curve]
+    if not rows:
+        raise FileNotFoundError(f"no dataset of ablations.train.datasets could be loaded: {skipped}")
     table = results.append_rows("train", rows, cfg)
-    summary = (table.group_by("model").agg(pl.col("test_ndcg@10").mean(), pl.col("test_hr@10").mean())
-               .sort("model"))
-    results.write_metrics("train", {"scale": cfg.scale, **{
-        r["model"]: {"test_ndcg@10": r["test_ndcg@10"], "test_hr@10": r["test_hr@10"]}
-        for r in summary.iter_rows(named=True)}})
-    return table
+    if curves:
+        results.append_rows("train_curves", curves, cfg, run_id=table["run_id"][0])
+    summ = summary(table)
+    results.write_metrics("train", {"scale": cfg.scale, "skipped": skipped, "peak_flops": peak, **{
+        f"{r['dataset']}/{r['model']}": {k: r[k] for k in ("test_ndcg@10", "test_ndcg@10_std", "test_hr@10",
+                                                           "vs_popularity", "seeds")}
+        for r in summ.iter_rows(named=True)}})
+    return {"table": table, "curves": pl.DataFrame(curves), "summary": summ, "skipped": skipped}
+
+
+def step_budget(scale_cap: int, dataset_cap: int) -> int:
+    """The tighter of the scale's train.max_steps and the dataset's cap (0 = no cap)."""
+    caps = [c for c in (scale_cap, dataset_cap) if c > 0]
+    return min(caps) if caps else 0
+
+
+def summary(table: pl.DataFrame) -> pl.DataFrame:
+    """Mean and std over seeds per dataset x model, and NDCG@10 as a multiple of popularity's."""
+    agg = (table.group_by("dataset", "model")
+           .agg(pl.len().alias("seeds"), pl.col("params").first(),
+                pl.col("test_ndcg@10").mean(), pl.col("test_ndcg@10").std().alias("test_ndcg@10_std"),
+                pl.col("test_hr@10").mean(), pl.col("test_hr@10").std().alias("test_hr@10_std"),
+                pl.col("test_mrr").mean(), pl.col("val_ndcg@10").mean(),
+                pl.col("train_s").mean(), pl.col("tokens_per_s").mean(), pl.col("mfu").mean()))
+    pop = agg.filter(pl.col("model") == "popularity").select("dataset", pl.col("test_ndcg@10").alias("_pop"))
+    agg = agg.join(pop, on="dataset", how="left")
+    return (agg.with_columns((pl.col("test_ndcg@10") / pl.col("_pop")).alias("vs_popularity"))
+            .drop("_pop").with_columns(pl.col("test_ndcg@10_std", "test_hr@10_std").fill_null(0.0))
+            .sort("dataset", "test_ndcg@10", descending=[False, True]))
+
+
+def curves_chart(curves: pl.DataFrame) -> alt.Chart:
+    """Training loss per step (left) and validation NDCG@10 per epoch (right), per dataset."""
+    loss = curves.filter(pl.col("loss").is_not_null()).select("dataset", "model", "seed", "step", "loss")
+    val = curves.filter(pl.col("val_ndcg@10").is_not_null()).select("dataset", "model", "seed", "epoch", "val_ndcg@10")
+    color = alt.Color("model:N")
+    left = (alt.Chart(loss).mark_line(opacity=0.6)
+            .encode(x="step:Q", y=alt.Y("loss:Q", title="training loss"), color=color, detail="seed:N")
+            .properties(width=260, height=170))
+    right = (alt.Chart(val).mark_line(point=True)
+             .encode(x=alt.X("epoch:Q", title="epoch"), y=alt.Y("val_ndcg@10:Q", title="validation NDCG@10"),
+                     color=color, detail="seed:N")
+             .properties(width=260, height=170))
+    return alt.hconcat(left, right).properties(title="Learning curves")
+
+
+def quality_chart(summ: pl.DataFrame) -> alt.Chart:
+    base = alt.Chart(summ).encode(y=alt.Y("model:N", sort="-x", title=None), color="model:N")
+    bars = base.mark_bar().encode(x=alt.X("test_ndcg@10:Q", title="test NDCG@10 (mean over seeds)"))
+    err = base.mark_errorbar().encode(x="lo:Q", x2="hi:Q").transform_calculate(
+        lo="datum['test_ndcg@10'] - datum['test_ndcg@10_std']", hi="datum['test_ndcg@10'] + datum['test_ndcg@10_std']")
+    return (bars + err).properties(width=320, height=90).facet(row="dataset:N").properties(
+        title="Full-ranking quality: HSTU vs SASRec vs popularity")
+
+
+def finite(x: float) -> float | None:
+    return x if isinstance(x, float) and math.isfinite(x) else None
+
+
+def preset_table(scales: list[str] | None = None) -> pl.DataFrame:
+    """Parameters of every scale's HSTU (meta device, nothing allocated): the dense encoder, and
+    the item table where the vocabulary is known before processing (synthetic: data.n_items);
+    for real datasets it is d_model per item of the processed vocabulary."""
+    from grlib.config import load_config, scale_names
+    from grlib.model import preset_parameters
+
+    rows = []
+    for scale in scales or scale_names():
+        cfg = load_config(scale, {"model.name": "hstu"})
+        known = cfg.data.dataset == "synthetic"
+        count = preset_parameters(cfg.model, (cfg.data.n_items if known else 1) + FIRST_ITEM_ID, cfg.data.max_len)
+        dense = count.dense
+        rows.append({"scale": scale, "dataset": cfg.data.dataset,
+                     "layers x heads": f"{cfg.model.n_layers}x{cfg.model.n_heads}", "d_model": cfg.model.d_model,
+                     "max_len": cfg.data.max_len, "dense_params": dense, "params_per_item": cfg.model.d_model,
+                     "item_table_params": count.embedding if known else None,
+                     "params": count.total if known else None})
+    return pl.DataFrame(rows)
+
+
+def speed_table(table: pl.DataFrame) -> pl.DataFrame:
+    """Tokens/s and MFU of this run per dataset x model (mean over seeds), and of `bench train` rows."""
+    runs = (table.filter(pl.col("model") != "popularity").group_by("scale", "dataset", "model")
+            .agg(pl.col("tokens_per_s").mean(), pl.col("mfu").mean(), pl.col("attention_impl").first())
+            .with_columns(pl.lit("train stage").alias("source")))
+    bench = results.read_table("bench_train")
+    if bench.height:
+        bench = (results.latest(bench, ["attention_impl"])
+                 .select("scale", pl.lit("(bench batches)").alias("dataset"), pl.lit("hstu").alias("model"),
+                         "tokens_per_s", "mfu", "attention_impl", pl.lit("bench train").alias("source")))
+        runs = pl.concat([runs, bench], how="diagonal_relaxed")
+    return runs.sort("source", "scale", "dataset", "model")

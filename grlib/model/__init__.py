@@ -1,4 +1,14 @@
-"""Sequence encoders over jagged batches: HSTU and the SASRec baseline."""
-from grlib.model.hstu import HSTU, SASRec, build_model, count_parameters
+"""Sequence encoders over jagged batches: HSTU and the SASRec baseline, on shared embeddings.
 
-__all__ = ["HSTU", "SASRec", "build_model", "count_parameters"]
+    model = build_model(cfg.model, data.n_items, cfg.data.max_len)
+    user = model(batch)                      # [T, d], L2-normalised, one vector per token
+    scores = user @ model.embed.item_table().T
+"""
+from grlib.model.build import (ParameterCount, build_model, count_parameters, parameter_count,
+                               preset_parameters)
+from grlib.model.embeddings import Embeddings, embedding_parameters
+from grlib.model.hstu import HSTU, HSTULayer
+from grlib.model.sasrec import SASRec
+
+__all__ = ["HSTU", "HSTULayer", "SASRec", "Embeddings", "ParameterCount", "build_model", "count_parameters",
+           "embedding_parameters", "parameter_count", "preset_parameters"]

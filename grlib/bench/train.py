@@ -1,0 +1,123 @@
+"""Training step throughput and MFU of HSTU at a scale, for every attention implementation.
+
+MFU = useful FLOPs (grlib.perf, recsys-examples' HSTU formula on the real lengths) per second of
+whole training steps (data, forward, loss, backward, optimizer) / the fp32 GEMM peak measured
+warm in the same run (before and after the steps; the higher one is used). The baselines of the
+same run: the `reference` (padded) attention, and the model's own projection GEMM shapes timed
+alone (`gemm_share_of_peak`: what the projections reach by themselves). Rows go to
+results/tables/bench_train.parquet.
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import numpy as np
+import torch
+
+from grlib import ops, perf, results
+from grlib.bench.common import median_ms, print_table, set_threads
+from grlib.config import load_config
+from grlib.experiments.train_stage import load_dataset
+from grlib.model import build_model, parameter_count
+from grlib.negatives import build_negative_path
+from grlib.train.loop import PHASES
+from grlib.train.optim import Optimizers
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--steps", type=int, default=8, help="timed training steps per implementation")
+    p.add_argument("--warmup", type=int, default=2, help="untimed steps first")
+    p.add_argument("--impls", default="all", help="comma-separated hstu_attention impls (default: all registered)")
+    p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
+
+
+def _batches(cfg, n: int):
+    data = load_dataset(cfg, "scale").data
+    it = data.train_batches(cfg.train.batch_size, cfg.data.max_len, np.random.default_rng(cfg.train.seed))
+    batches = []
+    while len(batches) < n:
+        batch = next(it, None)
+        if batch is None:
+            it = data.train_batches(cfg.train.batch_size, cfg.data.max_len, np.random.default_rng(len(batches)))
+            continue
+        batches.append(batch)
+    return data, batches
+
+
+def _time_steps(cfg, data, batches, warmup: int) -> list[dict]:
+    torch.manual_seed(cfg.train.seed)
+    model = build_model(cfg.model, data.n_items, cfg.data.max_len)
+    model.train()
+    opt = Optimizers(model, cfg.train)
+    path = build_negative_path(cfg.negatives, data.n_items, data.train_item_counts(), seed=cfg.train.seed)
+    records = []
+    try:
+        for i, batch in enumerate(path.wrap(iter(batches))):
+            t = [time.perf_counter()]
+            user = model(batch)
+            t.append(time.perf_counter())
+            loss = path.loss(user, model.embed, batch)
+            t.append(time.perf_counter())
+            opt.zero_grad()
+            loss.backward()
+            t.append(time.perf_counter())
+            opt.step()
+            t.append(time.perf_counter())
+            if i >= warmup:
+                records.append({"tokens": batch.item_ids.numel(), "flops": perf.batch_flops(batch.offsets, cfg.model),
+                                "forward_s": t[1] - t[0], "loss_s": t[2] - t[1], "backward_s": t[3] - t[2],
+                                "optimizer_s": t[4] - t[3]})
+    finally:
+        path.close()
+    return records
+
+
+def _gemm_share(T: int, d: int, peak: float) -> float:
+    """FLOP/s of the layer's projection GEMMs at this batch's shape ([T, d] x [d, 4d], [T, d] x [d, d]) / peak."""
+    x, w1, w2 = torch.randn(T, d), torch.randn(d, 4 * d), torch.randn(d, d)
+    ms = median_ms(lambda: (x @ w1, x @ w2), repeats=5, warmup=2)
+    return 2 * T * d * 5 * d / (ms / 1e3) / peak
+
+
+def run(args: argparse.Namespace) -> list[dict]:
+    set_threads(args.threads)
+    cfg = load_config(args.scale or "laptop", {"model.name": "hstu"})
+    impls = ops.implementations("hstu_attention") if args.impls == "all" else tuple(args.impls.split(","))
+    auto = ops.choose("hstu_attention", "cpu", "auto")
+    data, batches = _batches(cfg, args.warmup + args.steps)
+    peaks = [perf.measure_peak_flops()["peak_flops"]]
+    timed = {impl: _time_steps(cfg.replace({"model.attention_impl": impl}), data, batches, args.warmup)
+             for impl in impls}
+    peaks.append(perf.measure_peak_flops()["peak_flops"])
+    peak = max(peaks)
+    T = int(np.mean([b.item_ids.numel() for b in batches]))
+    gemm = _gemm_share(T, cfg.model.d_model, peak)
+    count = parameter_count(build_model(cfg.model, data.n_items, cfg.data.max_len, device="meta"))
+    rows, base = [], None
+    for impl, recs in timed.items():
+        step_s = [sum(r[f"{p}_s"] for p in PHASES if p != "data") for r in recs]
+        total_s, flops = sum(step_s), sum(r["flops"] for r in recs)
+        step_ms = statistics.median(step_s) * 1e3
+        base = step_ms if impl == "reference" else base
+        rows.append({
+            "attention_impl": impl, "auto": impl == auto, "d_model": cfg.model.d_model, "n_layers": cfg.model.n_layers,
+            "n_heads": cfg.model.n_heads, "batch": cfg.train.batch_size, "max_len": cfg.data.max_len,
+            "params": count.total, "tokens_per_step": T, "real_fraction": T / (cfg.train.batch_size * cfg.data.max_len),
+            "flops_per_step": flops / len(recs), "step_ms": step_ms, "tokens_per_s": sum(r["tokens"] for r in recs) / total_s,
+            **{f"{p}_share": sum(r[f"{p}_s"] for r in recs) / total_s for p in PHASES if p != "data"},
+            "peak_flops": peak, "peak_before": peaks[0], "peak_after": peaks[1], "gemm_share_of_peak": gemm,
+            "mfu": perf.mfu(flops, total_s, peak), "threads": torch.get_num_threads(),
+        })
+    for row in rows:
+        row["speedup_vs_reference"] = base / row["step_ms"] if base else float("nan")
+    print_table([{k: r[k] for k in ("attention_impl", "auto", "tokens_per_step", "step_ms", "tokens_per_s",
+                                    "forward_share", "loss_share", "backward_share", "optimizer_share",
+                                    "gemm_share_of_peak", "mfu", "speedup_vs_reference")} for r in rows],
+                f"bench train: scale {cfg.scale}, HSTU {cfg.model.n_layers}x{cfg.model.n_heads} d={cfg.model.d_model}, "
+                f"{count}; batch {cfg.train.batch_size} x max_len {cfg.data.max_len}; "
+                f"peak {peak / 1e9:.1f} GFLOP/s (fp32 GEMM, measured before/after: "
+                f"{peaks[0] / 1e9:.1f}/{peaks[1] / 1e9:.1f}); {args.steps} timed steps each")
+    results.append_rows("bench_train", rows, cfg)
+    return rows

@@ -1,0 +1,113 @@
+"""`python -m grlib train`: train and evaluate one model on one dataset, print and save its metrics.
+
+    python -m grlib train --scale smoke --dataset ml-100k --model hstu --json out.json
+    python -m grlib train --scale laptop --model sasrec --seed 1 --checkpoint-dir ckpt --checkpoint-every 50
+    python -m grlib train --params-only            # parameters of every scale's HSTU (paper: ~0.2B dense)
+
+JSON keys: ndcg@10, hr@10, mrr (test), params, tokens_per_s, mfu, plus every val_/test_ metric.
+The row is also appended to results/tables/train_runs.parquet.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+from pathlib import Path
+
+import yaml
+
+KEYS = ("ndcg@10", "hr@10", "mrr", "params", "tokens_per_s", "mfu")
+
+
+def add_train_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("train", help="train and evaluate one model (full ranking); print and save metrics")
+    p.add_argument("--scale", default=None, help="named scale from params.yaml (default: params.yaml's scale)")
+    p.add_argument("--dataset", default="scale",
+                   help="'scale' (the scale's own data) or a dataset name, e.g. ml-100k, synthetic")
+    p.add_argument("--model", default="hstu", choices=("hstu", "sasrec", "popularity"))
+    p.add_argument("--seed", type=int, default=None, help="train.seed (default: the scale's)")
+    p.add_argument("--max-steps", type=int, default=None, help="train.max_steps")
+    p.add_argument("-o", "--override", action="append", default=[], metavar="KEY=VALUE",
+                   help="config override, e.g. -o model.d_model=128 -o train.lr=3e-4 (YAML values)")
+    p.add_argument("--checkpoint-dir", default=None, help="write last.pt here and resume from it if present")
+    p.add_argument("--checkpoint-every", type=int, default=0, help="checkpoint every N steps (and each epoch end)")
+    p.add_argument("--losses", default=None, help="also write the per-step losses as a JSON list to this path")
+    p.add_argument("--json", default=None, help="write the metrics as JSON to this path")
+    p.add_argument("--params-only", action="store_true",
+                   help="only print every scale's parameter counts (meta device, no data, no training)")
+    p.set_defaults(func=run_cli)
+
+
+def parse_overrides(items: list[str]) -> dict:
+    out = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise SystemExit(f"--override {item!r}: expected KEY=VALUE")
+        out[key] = yaml.safe_load(value)
+    return out
+
+
+def run_cli(args: argparse.Namespace) -> int:
+    from grlib import perf, results
+    from grlib.config import load_config
+    from grlib.evaluate import evaluate, last_token_scores, popularity_scores
+    from grlib.experiments.train_stage import load_dataset
+    from grlib.model import build_model, parameter_count
+    from grlib.results import atomic_write_bytes
+    from grlib.train import train
+
+    if args.params_only:
+        import polars as pl
+
+        from grlib.experiments.train_stage import preset_table
+
+        with pl.Config(tbl_rows=-1, tbl_cols=-1, tbl_width_chars=200, thousands_separator=True):
+            print(preset_table([args.scale] if args.scale else None))
+        return 0
+    overrides = parse_overrides(args.override)
+    overrides["model.name"] = args.model
+    if args.seed is not None:
+        overrides["train.seed"] = args.seed
+    if args.max_steps is not None:
+        overrides["train.max_steps"] = args.max_steps
+    cfg = load_config(args.scale, overrides)
+    ds = load_dataset(cfg, args.dataset)
+    data, max_len, bs = ds.data, cfg.data.max_len, cfg.train.eval_batch_size
+    out = {"scale": cfg.scale, "dataset": ds.name, "model": args.model, "seed": cfg.train.seed,
+           "mask_history": ds.mask_history}
+    if args.model == "popularity":
+        score, fit = popularity_scores(data.train_item_counts()), None
+        out.update(params=0, tokens_per_s=0.0, mfu=None, steps=0)
+    else:
+        import torch
+
+        torch.manual_seed(cfg.train.seed)
+        model = build_model(cfg.model, data.n_items, max_len)
+        val = lambda m: evaluate(last_token_scores(m), data.eval_batches("val", bs, max_len), ds.mask_history)  # noqa: E731
+        fit = train(model, data, cfg.train, max_len, cfg.negatives, validate=val,
+                    flops_fn=lambda b: perf.batch_flops(b.offsets, cfg.model),
+                    checkpoint_dir=args.checkpoint_dir, checkpoint_every=args.checkpoint_every)
+        score = last_token_scores(model)
+        useful = sum(r["flops"] for r in fit.timeline)
+        out.update(params=parameter_count(model).total, tokens_per_s=fit.tokens_per_s, steps=fit.steps,
+                   resumed_from=fit.resumed_from,
+                   mfu=perf.mfu(useful, fit.seconds, perf.peak_flops()) if fit.seconds else None,
+                   final_loss=fit.losses[-1] if fit.losses else None)
+    for split in ("val", "test"):
+        m = evaluate(score, data.eval_batches(split, bs, max_len), ds.mask_history)
+        out.update({f"{split}_{k}": v for k, v in m.items()})
+    out.update({k: out[f"test_{k}"] for k in ("ndcg@10", "hr@10", "mrr")})
+    print("  ".join(f"{k}={_fmt(out[k])}" for k in ("dataset", "model", "seed", "steps", *KEYS)))
+    results.append_rows("train_runs", [{k: v for k, v in out.items() if k not in ("scale",)}], cfg)
+    if args.json:
+        atomic_write_bytes(Path(args.json), (json.dumps(out, indent=2) + "\n").encode())
+    if args.losses and fit is not None:
+        atomic_write_bytes(Path(args.losses), (json.dumps(fit.losses) + "\n").encode())
+    return 0
+
+
+def _fmt(v) -> str:
+    if isinstance(v, float):
+        return f"{v:.4g}" if math.isfinite(v) else "nan"
+    return "-" if v is None else str(v)

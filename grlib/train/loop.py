@@ -1,0 +1,191 @@
+"""The training loop: jagged batches -> encoder -> negative path loss -> optimizers.
+
+    result = train(model, data, cfg.train, cfg.data.max_len, cfg.negatives,
+                   validate=fn, checkpoint_dir=dir, checkpoint_every=100)
+
+Per step it records a timeline (data, forward, loss, backward, optimizer seconds), the loss, the
+learning rate and the useful FLOPs of the batch (grlib.perf). With `validate` (model -> metrics)
+it evaluates after every epoch and, when cfg.select_best, ends with the weights of the best
+epoch by validation NDCG@10. With `checkpoint_dir` it writes `last.pt` every `checkpoint_every`
+steps and at each epoch end, and resumes from it (exactly, see grlib.train.checkpoint).
+"""
+from __future__ import annotations
+
+import itertools
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import polars as pl
+import torch
+from torch import nn
+
+from grlib.config import NegativesConfig, TrainConfig
+from grlib.data.sequences import JaggedBatch, SequenceData
+from grlib.negatives import build_negative_path
+from grlib.progress import bar
+from grlib.train import checkpoint
+from grlib.train.optim import Optimizers
+
+PHASES = ("data", "forward", "loss", "backward", "optimizer")
+SELECT_METRIC = "ndcg@10"
+
+
+@dataclass
+class TrainResult:
+    steps: int = 0
+    seconds: float = 0.0  # wall time of the steps run in this call (resumed steps excluded)
+    tokens: int = 0  # tokens processed in this call
+    losses: list[float] = field(default_factory=list)  # every step since step 1 (resume keeps them)
+    timeline: list[dict[str, float]] = field(default_factory=list)  # per step of this call
+    val_history: list[dict[str, float]] = field(default_factory=list)  # per epoch: epoch, step, metrics
+    best_epoch: int = -1
+    resumed_from: int = 0  # the checkpoint's step, 0 for a fresh run
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.tokens / self.seconds if self.seconds else 0.0
+
+    def timeline_frame(self) -> pl.DataFrame:
+        return pl.DataFrame(self.timeline)
+
+    def phase_seconds(self) -> dict[str, float]:
+        """Mean seconds per step of each phase."""
+        if not self.timeline:
+            return {p: 0.0 for p in PHASES}
+        return {p: float(np.mean([r[f"{p}_s"] for r in self.timeline])) for p in PHASES}
+
+
+@dataclass
+class _Position:
+    step: int = 0
+    epoch: int = 0
+    batch: int = 0  # batches of the current epoch already trained
+    epoch_rng: dict | None = None  # data-order RNG state at the start of the current epoch
+
+
+def train(model: nn.Module, data: SequenceData, cfg: TrainConfig, max_len: int, negatives: NegativesConfig,
+          *, validate: Callable[[nn.Module], dict[str, float]] | None = None,
+          checkpoint_dir: str | Path | None = None, checkpoint_every: int = 0, resume: bool = True,
+          flops_fn: Callable[[JaggedBatch], float] | None = None) -> TrainResult:
+    """Trains `model` in place; deterministic per cfg.seed (given the same initial weights)."""
+    torch.manual_seed(cfg.seed)
+    rng = np.random.default_rng(cfg.seed)
+    path = build_negative_path(negatives, data.n_items, data.train_item_counts(), seed=cfg.seed)
+    opt = Optimizers(model, cfg)
+    pos, result, best = _Position(), TrainResult(), {"state": None, "metric": -np.inf}
+    ckpt = Path(checkpoint_dir) / "last.pt" if checkpoint_dir else None
+    if ckpt and resume and ckpt.exists():
+        _restore(checkpoint.load(ckpt), model, opt, path, rng, pos, result, best, cfg)
+
+    per_epoch = data.n_train_batches(cfg.batch_size)
+    total = cfg.epochs * per_epoch if not cfg.max_steps else min(cfg.epochs * per_epoch, cfg.max_steps)
+    save = (lambda: checkpoint.save(ckpt, _snapshot(model, opt, path, pos, result, best, cfg))) if ckpt else None
+    model.train()
+    try:
+        with bar(total, desc="train", initial=pos.step) as pbar:
+            while pos.epoch < cfg.epochs and pos.step < total:
+                if pos.batch == 0:
+                    pos.epoch_rng = rng.bit_generator.state
+                rng.bit_generator.state = pos.epoch_rng
+                raw = itertools.islice(data.train_batches(cfg.batch_size, max_len, rng), pos.batch, None)
+                batches = iter(path.wrap(raw))
+                while pos.step < total:
+                    record = _step(model, opt, path, batches, flops_fn)
+                    if record is None:
+                        break
+                    pos.step, pos.batch = pos.step + 1, pos.batch + 1
+                    record.update(step=pos.step, epoch=pos.epoch)
+                    result.timeline.append(record)
+                    result.losses.append(record["loss"])
+                    result.tokens += record["tokens"]
+                    result.seconds += sum(record[f"{p}_s"] for p in PHASES)
+                    pbar.update(1)
+                    pbar.set_postfix(loss=f"{record['loss']:.3f}", refresh=False)
+                    if save and checkpoint_every and pos.step % checkpoint_every == 0:
+                        save()
+                if pos.batch >= per_epoch or pos.step >= total:  # the epoch is over
+                    _end_epoch(model, validate, cfg, pos, result, best)
+                    if save:
+                        save()
+    finally:
+        path.close()
+    if cfg.select_best and best["state"] is not None:
+        model.load_state_dict(best["state"])
+    result.steps = pos.step
+    model.eval()
+    return result
+
+
+def _step(model: nn.Module, opt: Optimizers, path: Any, batches, flops_fn) -> dict[str, float] | None:
+    t0 = time.perf_counter()
+    batch = next(batches, None)
+    if batch is None:
+        return None
+    t1 = time.perf_counter()
+    user = model(batch)  # [T, d]
+    t2 = time.perf_counter()
+    loss = path.loss(user, model.embed, batch)
+    t3 = time.perf_counter()
+    opt.zero_grad()
+    loss.backward()
+    t4 = time.perf_counter()
+    grad_norm = opt.step()
+    t5 = time.perf_counter()
+    return {"loss": float(loss.detach()), "lr": opt.lr, "grad_norm": grad_norm,
+            "tokens": int(batch.item_ids.numel()), "targets": int((batch.targets > 0).sum()),
+            "flops": float(flops_fn(batch)) if flops_fn else float("nan"),
+            "data_s": t1 - t0, "forward_s": t2 - t1, "loss_s": t3 - t2, "backward_s": t4 - t3,
+            "optimizer_s": t5 - t4}
+
+
+def _end_epoch(model, validate, cfg: TrainConfig, pos: _Position, result: TrainResult, best: dict) -> None:
+    if validate is not None:
+        model.eval()
+        metrics = validate(model)
+        model.train()
+        result.val_history.append({"epoch": pos.epoch, "step": pos.step, **metrics})
+        if metrics[SELECT_METRIC] > best["metric"]:
+            best["metric"] = metrics[SELECT_METRIC]
+            best["state"] = {k: v.detach().clone() for k, v in model.state_dict().items()}
+            result.best_epoch = pos.epoch
+    pos.epoch, pos.batch = pos.epoch + 1, 0
+
+
+# Fields of TrainConfig that must match for a checkpoint to be resumed (epochs / max_steps may grow).
+_RESUME_FIELDS = ("batch_size", "lr", "weight_decay", "seed", "warmup_steps", "grad_clip", "embedding_optimizer")
+
+
+def _snapshot(model, opt: Optimizers, path, pos: _Position, result: TrainResult, best: dict,
+              cfg: TrainConfig) -> dict[str, Any]:
+    return {
+        "config": {f: getattr(cfg, f) for f in _RESUME_FIELDS},
+        "model": model.state_dict(), "optimizers": opt.state_dict(), "negatives": checkpoint.path_state(path),
+        "position": vars(pos).copy(), "torch_rng": torch.get_rng_state(),
+        "losses": list(result.losses), "val_history": list(result.val_history), "best_epoch": result.best_epoch,
+        "best": best,
+    }
+
+
+def _restore(state: dict, model, opt: Optimizers, path, rng, pos: _Position, result: TrainResult, best: dict,
+             cfg: TrainConfig) -> None:
+    for f in _RESUME_FIELDS:
+        if state["config"][f] != getattr(cfg, f):
+            raise ValueError(f"checkpoint was written with train.{f}={state['config'][f]!r}, "
+                             f"this run has {getattr(cfg, f)!r}: cannot resume it")
+    model.load_state_dict(state["model"])
+    opt.load_state_dict(state["optimizers"])
+    checkpoint.load_path_state(path, state["negatives"])
+    for k, v in state["position"].items():
+        setattr(pos, k, v)
+    torch.set_rng_state(state["torch_rng"])
+    if pos.epoch_rng is not None:
+        rng.bit_generator.state = pos.epoch_rng
+    result.losses = list(state["losses"])
+    result.val_history = list(state["val_history"])
+    result.best_epoch = state["best_epoch"]
+    result.resumed_from = pos.step
+    best.update(state["best"])

@@ -1,0 +1,137 @@
+"""The trainer: lazy row-wise Adam, warm-up and clipping, learning on a smoke dataset, the step
+timeline, model selection on validation, atomic checkpoints."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from grlib.config import TrainConfig, load_config
+from grlib.evaluate import evaluate, last_token_scores
+from grlib.experiments import train_stage
+from grlib.model import build_model
+from grlib.train import PHASES, checkpoint, train
+from grlib.train.optim import LazyAdam, Optimizers
+
+
+def test_lazy_adam_equals_adam_when_every_row_is_touched():
+    torch.manual_seed(0)
+    a = torch.nn.Parameter(torch.randn(6, 4))
+    b = torch.nn.Parameter(a.detach().clone())
+    lazy, dense = LazyAdam([a], lr=1e-2), torch.optim.Adam([b], lr=1e-2, betas=(0.9, 0.98))
+    for step in range(5):
+        g = torch.randn(6, 4)
+        a.grad, b.grad = g.clone(), g.clone()
+        lazy.step()
+        dense.step()
+    torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-6)
+
+
+def test_lazy_adam_leaves_untouched_rows_and_moments_alone():
+    torch.manual_seed(0)
+    p = torch.nn.Parameter(torch.randn(5, 3))
+    opt = LazyAdam([p], lr=1e-2)
+    p.grad = torch.ones(5, 3)
+    opt.step()  # every row: moments and step count 1
+    before = p.detach().clone()
+    m_before = opt.state[p]["exp_avg"].clone()
+    g = torch.zeros(5, 3)
+    g[[1, 3]] = 1.0
+    p.grad = g
+    opt.step()
+    changed = (p.detach() != before).any(1)
+    assert changed.tolist() == [False, True, False, True, False]
+    assert torch.equal(opt.state[p]["exp_avg"][[0, 2, 4]], m_before[[0, 2, 4]])
+    assert opt.state[p]["step"].tolist() == [1, 2, 1, 2, 1]
+
+
+def test_warmup_and_clipping():
+    model = torch.nn.Linear(3, 3)
+    model.embed = torch.nn.Module()  # no embedding tables: everything is dense
+    opt = Optimizers(model, TrainConfig(lr=1.0, warmup_steps=4, grad_clip=0.5))
+    lrs = []
+    for _ in range(6):
+        lrs.append(opt.lr)
+        opt.zero_grad()
+        (model(torch.ones(1, 3)) * 100).sum().backward()
+        norm = opt.step()
+        assert norm > 0.5  # the norm before clipping is reported
+    assert lrs == [0.25, 0.5, 0.75, 1.0, 1.0, 1.0]
+
+
+@pytest.fixture(scope="module")
+def smoke_data(tmp_path_factory):
+    import os
+
+    os.environ["GRLIB_DATA_DIR"] = str(tmp_path_factory.mktemp("data"))
+    cfg = load_config("smoke")
+    return cfg, train_stage.load_dataset(cfg)
+
+
+def test_training_learns_and_records_a_timeline(smoke_data):
+    cfg, ds = smoke_data
+    cfg = cfg.replace({"train.epochs": 3, "train.max_steps": 0, "train.select_best": True})
+    torch.manual_seed(0)
+    model = build_model(cfg.model, ds.data.n_items, cfg.data.max_len)
+    val = lambda m: evaluate(last_token_scores(m), ds.data.eval_batches("val", 256, cfg.data.max_len),  # noqa: E731
+                             ds.mask_history)
+    fit = train(model, ds.data, cfg.train, cfg.data.max_len, cfg.negatives, validate=val,
+                flops_fn=lambda b: float(b.item_ids.numel()))
+    per_epoch = ds.data.n_train_batches(cfg.train.batch_size)
+    assert fit.steps == 3 * per_epoch == len(fit.losses) == len(fit.timeline)
+    first, last = sum(fit.losses[:per_epoch]) / per_epoch, sum(fit.losses[-per_epoch:]) / per_epoch
+    assert last < first, fit.losses
+    assert [h["epoch"] for h in fit.val_history] == [0, 1, 2]
+    best = max(fit.val_history, key=lambda h: h["ndcg@10"])
+    assert fit.best_epoch == best["epoch"]
+    assert val(model)["ndcg@10"] == pytest.approx(best["ndcg@10"], abs=1e-9)  # the best weights are restored
+    assert set(fit.phase_seconds()) == set(PHASES) and fit.tokens_per_s > 0
+    assert fit.timeline[0]["flops"] == fit.timeline[0]["tokens"]
+
+
+def test_max_steps_caps_training(smoke_data):
+    cfg, ds = smoke_data
+    model = build_model(cfg.model, ds.data.n_items, cfg.data.max_len)
+    fit = train(model, ds.data, cfg.train.__class__(max_steps=2, epochs=5), cfg.data.max_len, cfg.negatives)
+    assert fit.steps == 2 and len(fit.losses) == 2
+
+
+def test_checkpoint_write_is_atomic(tmp_path, monkeypatch):
+    path = tmp_path / "last.pt"
+    checkpoint.save(path, {"step": 1})
+    def broken(obj, fh):
+        fh.write(b"half a checkpoint")
+        raise OSError("disk full")
+    monkeypatch.setattr(torch, "save", broken)
+    with pytest.raises(OSError, match="disk full"):
+        checkpoint.save(path, {"step": 2})
+    monkeypatch.undo()
+    assert checkpoint.load(path)["step"] == 1
+    assert [p.name for p in tmp_path.iterdir()] == ["last.pt"]  # no temporary file left
+
+
+def test_resume_refuses_a_different_config(smoke_data, tmp_path):
+    cfg, ds = smoke_data
+    model = build_model(cfg.model, ds.data.n_items, cfg.data.max_len)
+    train(model, ds.data, TrainConfig(max_steps=1, batch_size=64), cfg.data.max_len, cfg.negatives,
+          checkpoint_dir=tmp_path, checkpoint_every=1)
+    with pytest.raises(ValueError, match="train.batch_size=64"):
+        train(model, ds.data, TrainConfig(max_steps=2, batch_size=32), cfg.data.max_len, cfg.negatives,
+              checkpoint_dir=tmp_path)
+
+
+def test_lazy_adam_state_survives_a_checkpoint_round_trip(tmp_path):
+    torch.manual_seed(0)
+    p = torch.nn.Parameter(torch.randn(4, 3))
+    opt = LazyAdam([p], lr=1e-2)
+    p.grad = torch.randn(4, 3)
+    opt.step()
+    checkpoint.save(tmp_path / "c.pt", {"opt": opt.state_dict()})
+    q = torch.nn.Parameter(p.detach().clone())
+    other = LazyAdam([q], lr=1e-2)
+    other.load_state_dict(checkpoint.load(tmp_path / "c.pt")["opt"])
+    assert other.state[q]["step"].dtype == torch.float64
+    g = torch.randn(4, 3)
+    p.grad, q.grad = g.clone(), g.clone()
+    opt.step()
+    other.step()
+    assert torch.equal(p, q)

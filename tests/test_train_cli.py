@@ -1,0 +1,43 @@
+"""`python -m grlib train` on real MovieLens-100K and on the smoke twin; `bench train` at smoke."""
+from __future__ import annotations
+
+import json
+
+from grlib.cli import main
+
+
+def test_train_cli_popularity_and_hstu_on_ml100k(real_data, isolated_outputs, capsys):
+    out = isolated_outputs / "pop.json"
+    assert main(["train", "--scale", "smoke", "--dataset", "ml-100k", "--model", "popularity", "--json", str(out)]) == 0
+    pop = json.loads(out.read_text())
+    assert pop["dataset"] == "ml-100k" and pop["mask_history"] and pop["test_users"] == 943
+    out = isolated_outputs / "hstu.json"
+    assert main(["train", "--scale", "smoke", "--dataset", "ml-100k", "--model", "hstu", "--max-steps", "3",
+                 "--json", str(out)]) == 0
+    hstu = json.loads(out.read_text())
+    for key in ("ndcg@10", "hr@10", "mrr", "params", "tokens_per_s", "mfu"):
+        assert key in hstu
+    assert hstu["steps"] == 3 and hstu["params"] > 0 and 0 < hstu["mfu"] < 1
+    assert "model=hstu" in capsys.readouterr().out
+
+
+def test_train_cli_bad_override_names_the_field(isolated_outputs, capsys):
+    assert main(["train", "--scale", "smoke", "-o", "model.d_model=30", "-o", "model.n_heads=4"]) == 2
+    assert "model.d_model: 30 is not divisible" in capsys.readouterr().err
+
+
+def test_bench_train_smoke(isolated_outputs):
+    out = isolated_outputs / "bench.json"
+    assert main(["bench", "train", "--scale", "smoke", "--steps", "2", "--warmup", "1", "--json", str(out)]) == 0
+    rows = json.loads(out.read_text())
+    assert [r["attention_impl"] for r in rows][0] == "reference" and sum(r["auto"] for r in rows) == 1
+    for r in rows:
+        for key in ("mfu", "tokens_per_s", "step_ms", "flops_per_step", "peak_flops"):
+            assert r[key] > 0, key
+        assert r["peak_flops"] >= max(r["peak_before"], r["peak_after"])
+
+
+def test_params_only_reports_the_paper_preset(capsys):
+    assert main(["train", "--scale", "paper", "--params-only"]) == 0
+    out = capsys.readouterr().out
+    assert "paper" in out and "189,441,024" in out  # ~0.2B dense parameters, nothing allocated
