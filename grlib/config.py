@@ -290,10 +290,10 @@ class NegativesAblation:
     sampler_pool_size: int = 2048
     datasets: list[str] = field(default_factory=lambda: ["synthetic", "ml-100k"])
     seeds: list[int] = field(default_factory=lambda: [0])  # quality seeds of the precision rows
-    train_steps: int = 30  # fixed training budget per row (capped by the scale's epochs)
-    eval_users: int = 1000  # users ranked per quality run (the first ones; 0 = all)
+    train_steps: int = 20  # fixed training budget per row (capped by the scale's epochs)
+    eval_users: int = 512  # users ranked per quality run (the first ones; 0 = all)
     timing_steps: int = 4  # timed steps per variant and round (the first of each round is dropped)
-    timing_rounds: int = 3  # rounds over all variants (interleaved, so drift hits all alike)
+    timing_rounds: int = 2  # rounds over all variants (interleaved, so drift hits all alike)
 
     def __post_init__(self) -> None:
         name = "ablations.negatives"

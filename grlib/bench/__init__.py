@@ -12,6 +12,7 @@ from pathlib import Path
 
 BENCHES = {
     "ops": "grlib.bench.ops",
+    "negatives": "grlib.bench.negatives",
 }
 
 

@@ -20,7 +20,7 @@ variant of NegativesAblation (see `variants`), one row:
 
 Ratios (`*_ratio`) divide by the per-token baseline of the same dataset, measured in the same run.
 Async and pre-sampled rows are timing rows: their negatives are the sync ones, draw for draw
-(tests/test_negatives_async.py checks bit-identical training), so they are not retrained.
+(tests/test_negatives_async.py checks the ids and the losses), so they are not retrained.
 """
 from __future__ import annotations
 

@@ -8,9 +8,10 @@ Sync (`async_sampling: false`): `loss` samples on the critical path. Async: `wra
 `sample` for the next `queue_depth` batches in a background worker (grlib.negatives.offload) and
 `loss` takes the prepared sample. Staleness choice: only ids are prepared ahead; the embedding rows
 are gathered inside `loss`, from the weights of the current step, so the negatives' logits and
-their gradients are exact (zero staleness) and the result is bit-identical to the sync path (same
-generator, same order). Gathering values ahead would score negatives with weights one or more
-optimizer steps old and still need a second lookup for their gradients.
+their gradients are exact (zero staleness), and async training draws exactly the sync path's ids
+(same generator, same order), so it trains the same model (up to floating-point run-to-run
+rounding). Gathering values ahead would score negatives with weights one or more optimizer steps
+old and still need a second lookup for their gradients.
 """
 from __future__ import annotations
 

@@ -35,7 +35,7 @@ from torch import Tensor
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 MASKED = -1e9  # logit of a masked negative: exp() underflows to exactly 0; unlike -inf, no NaN gradient
 CHUNK_PER_TOKEN = 1 << 17  # [c, R, d] FP32 gradient elements per per-token chunk (512 KB)
-CHUNK_SHARED = 1 << 20  # [c, R] FP32 logits per shared chunk (4 MB)
+CHUNK_SHARED = 1 << 20  # [c, R] logits per shared chunk: 4 MB in FP32 (fewer rows in half, see _shared_budget)
 
 
 def _chunks(P: int, width: int, budget: int) -> list[tuple[int, int]]:
@@ -103,6 +103,12 @@ class PerTokenSoftmax(torch.autograd.Function):
         return grad_u, grad_table, None, None, None, None
 
 
+def _shared_budget(dtype: torch.dtype) -> int:
+    """Logits per shared chunk: a half-format product is made in the half format and then copied to
+    FP32 (CPU), so its chunks take 4 / (4 + 2) as many rows for the same transient bytes."""
+    return CHUNK_SHARED if dtype == torch.float32 else CHUNK_SHARED * 4 // (4 + torch.finfo(dtype).bits // 8)
+
+
 class SharedSoftmax(torch.autograd.Function):
     """u [P, d] fp32, pool [R, d] fp32, pool_ids [R], targets [P], logq [V] | None -> lse [P] fp32."""
 
@@ -111,7 +117,7 @@ class SharedSoftmax(torch.autograd.Function):
         uh, ph = u.detach().to(dtype), pool.detach().to(dtype)  # [P, d], [R, d] held in dtype
         P, R = u.shape[0], pool.shape[0]
         lse = torch.empty(P, dtype=torch.float32, device=u.device)
-        for s, e in _chunks(P, R, CHUNK_SHARED):
+        for s, e in _chunks(P, R, _shared_budget(dtype)):
             lse[s:e] = torch.logsumexp(_mask(_half_mm(uh[s:e], ph.T), pool_ids, targets[s:e], logq), dim=1)
         ctx.save_for_backward(uh, ph, pool_ids, targets, logq, lse)
         return lse
@@ -123,7 +129,7 @@ class SharedSoftmax(torch.autograd.Function):
         pf = ph.float()  # [R, d]
         grad_u = torch.empty(uh.shape, dtype=torch.float32, device=uh.device)  # [P, d]
         grad_pool = torch.zeros_like(pf)  # [R, d]
-        for s, e in _chunks(P, R, CHUNK_SHARED):
+        for s, e in _chunks(P, R, _shared_budget(uh.dtype)):
             logits = _mask(_half_mm(uh[s:e], ph.T), pool_ids, targets[s:e], logq)  # [c, R]
             g = logits.sub_(lse[s:e, None]).exp_().mul_(grad[s:e, None])  # dL/dlogit [c, R]
             grad_u[s:e] = g @ pf
