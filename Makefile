@@ -52,7 +52,7 @@ lab: $(KERNEL_STAMP)
 
 bench: $(KERNEL_STAMP)
 	$(PY) -m grlib bench ops --scale laptop --json results/metrics/bench_ops.json
-	$(PY) -m grlib bench negatives --scale laptop --seeds 0 1 2 --half-formats fp16 bf16 --eval-users 0 --timing-rounds 5 --json results/metrics/bench_negatives.json
+	$(PY) -m grlib bench negatives --scale laptop --seeds 0 1 2 --half-formats fp16 bf16 --train-steps 60 --eval-users 0 --timing-rounds 5 --json results/metrics/bench_negatives.json
 
 clean-venv:
 	rm -rf $(VENV) build
