@@ -278,14 +278,16 @@ class NegativesAblation:
 
     Rows (grlib.negatives.ablation.variants): the per-token baseline (R = baseline_negatives, FP32,
     sync); shared pools of each size in shared_sizes; each half format at per-token R and at shared
-    R = precision_shared_size; sync vs async vs pre-sampled at the baseline and at shared
-    R = async_shared_size; each extra sampler at a shared pool of sampler_pool_size."""
+    R = precision_shared_size; sync vs async vs pre-sampled with async_sampler at per-token
+    R = baseline_negatives and at shared R = async_shared_size; each extra sampler at a shared pool of
+    sampler_pool_size."""
 
     baseline_negatives: int = 128
     shared_sizes: list[int] = field(default_factory=lambda: [128, 512, 2048, 8192])
     half_formats: list[str] = field(default_factory=lambda: ["fp16"])
     precision_shared_size: int = 2048
     async_shared_size: int = 2048
+    async_sampler: str = "popularity"  # the sampler of the sync / async / pre-sampled rows (the costliest)
     samplers: list[str] = field(default_factory=lambda: ["popularity", "in-batch"])
     sampler_pool_size: int = 2048
     datasets: list[str] = field(default_factory=lambda: ["synthetic", "ml-100k"])
@@ -307,6 +309,8 @@ class NegativesAblation:
             _check(h in ("fp16", "bf16"), f"{name}.half_formats", f"{h!r} is not one of ('fp16', 'bf16')")
         for smp in self.samplers:
             _check(smp in ("uniform", "popularity", "in-batch"), f"{name}.samplers", f"unknown sampler {smp!r}")
+        _check(self.async_sampler in ("uniform", "popularity", "in-batch"), f"{name}.async_sampler",
+               f"unknown sampler {self.async_sampler!r}")
         for ds in self.datasets:
             _check(ds in ("synthetic", "ml-100k"), f"{name}.datasets", f"{ds!r} is not one of ('synthetic', 'ml-100k')")
         _check(len(self.seeds) >= 1, f"{name}.seeds", "needs at least one seed")

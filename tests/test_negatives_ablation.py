@@ -17,7 +17,8 @@ def test_variants_cover_the_grid_once_baseline_first():
     names = [v.name for v in vs]
     assert len(names) == len(set(names)) and vs[0].baseline and vs[0].name == "per-token R=128 fp32 sync"
     assert {"shared R=128 fp32 sync", "shared R=2048 fp32 sync", "per-token R=128 fp16 sync",
-            "shared R=2048 bf16 sync", "per-token R=128 fp32 async", "shared R=2048 fp32 presampled",
+            "shared R=2048 bf16 sync", "per-token R=128 fp32 async popularity",
+            "per-token R=128 fp32 sync popularity", "shared R=2048 fp32 presampled popularity",
             "shared R=2048 fp32 sync in-batch"} <= set(names)
     assert not any(v.trains for v in vs if v.sampling != "sync")
     assert {v.name for v in vs if v.all_seeds} == {
@@ -47,8 +48,11 @@ def test_acceptance_reads_the_rows():
         _row(Variant("shared", 2048), step_ms=130, neg_path_mb=12, ndcg=0.12),
         _row(Variant("per-token", 128, "fp16"), step_ms=95, neg_path_mb=43, ndcg=0.1005),
         _row(Variant("shared", 2048, "fp16"), step_ms=120, neg_path_mb=12, ndcg=0.15),
-        _row(Variant("per-token", 128, sampling="presampled"), step_ms=90, neg_path_mb=80, ndcg=float("nan")),
-        _row(Variant("per-token", 128, sampling="async"), step_ms=93, neg_path_mb=80, ndcg=float("nan")),
+        _row(Variant("per-token", 128, sampler="popularity"), step_ms=99, neg_path_mb=80, ndcg=0.1),
+        _row(Variant("per-token", 128, sampler="popularity", sampling="presampled"), step_ms=90, neg_path_mb=80,
+             ndcg=float("nan")),
+        _row(Variant("per-token", 128, sampler="popularity", sampling="async"), step_ms=93, neg_path_mb=80,
+             ndcg=float("nan")),
     ]
     negs = {512: 4.0, 2048: 16.0}
     for r in rows:
@@ -60,7 +64,7 @@ def test_acceptance_reads_the_rows():
     assert not sharing["met"] and "16.0x negatives, 1.30x step" in sharing["figure"]
     assert checks[("fp16", "per-token R=128 fp16 sync")]["met"]  # 53.8% memory, 0.5% NDCG change
     assert not checks[("fp16", "shared R=2048 fp16 sync")]["met"]
-    assert checks[("async", "per-token R=128 fp32 async")]["figure"].startswith("1.033x")
+    assert checks[("async", "per-token R=128 fp32 async popularity")]["figure"] == "1.033x (sync 1.100x)"
 
 
 def test_ablation_grid_errors_name_the_field():
@@ -93,7 +97,8 @@ def test_bench_negatives_smoke(isolated_outputs, capsys):
     shared = by["shared R=2048 fp32 sync"]
     assert shared["negatives_ratio"] > 8 and shared["rows_ratio"] < 0.1  # R rows per batch, not P * R
     assert 0 <= shared["ndcg@10"] <= 1 and shared["train_steps"] == 2 and shared["eval_users"] == 256
-    assert by["per-token R=128 fp32 async"]["queue_mb"] > 0
+    asyncs = [r for name, r in by.items() if name.startswith("per-token") and "async" in name]
+    assert asyncs and all(r["queue_mb"] > 0 for r in asyncs)
     assert results.read_table("bench_negatives").height == len(rows)
     printed = capsys.readouterr().out
     assert "bench negatives" in printed and "acceptance" in printed
