@@ -55,6 +55,7 @@ bench: $(KERNEL_STAMP)
 	$(PY) -m grlib bench train --scale laptop --json results/metrics/bench_train.json
 	$(PY) -m grlib bench data --scale laptop --rows 5000000 10000000 --json results/metrics/bench_data.json
 	$(PY) -m grlib bench kernels --scale laptop --json results/metrics/bench_kernels.json
+	$(PY) -m grlib bench negatives --scale laptop --seeds 0 1 2 --half-formats fp16 bf16 --train-steps 60 --eval-users 0 --timing-rounds 5 --json results/metrics/bench_negatives.json
 
 clean-venv:
 	rm -rf $(VENV) build

@@ -84,14 +84,27 @@ class ModelConfig:
 
 @dataclass(frozen=True)
 class NegativesConfig:
-    sampler: str = "uniform"  # uniform (the only one so far)
-    n_negatives: int = 128  # negatives per target token
+    """The negative path of the loss (grlib.negatives)."""
+
+    sampler: str = "uniform"  # uniform | popularity | in-batch
+    n_negatives: int = 128  # R: negatives per target token (per-token) or the batch's pool size (shared)
     temperature: float = 0.05
+    sharing: str = "per-token"  # per-token: R draws per token | shared: one pool of R per batch
+    precision: str = "fp32"  # fp32 | fp16 | bf16: negative embeddings and their product
+    async_sampling: bool = False  # sample the next batches' negatives in a background worker
+    queue_depth: int = 2  # batches the worker samples ahead (bounded queue)
+    logq: bool = True  # subtract log Q(item) from the logits (popularity, in-batch; uniform cancels)
 
     def __post_init__(self) -> None:
-        _check(self.sampler in ("uniform",), "negatives.sampler", f"{self.sampler!r} is not one of ('uniform',)")
+        samplers = ("uniform", "popularity", "in-batch")
+        _check(self.sampler in samplers, "negatives.sampler", f"{self.sampler!r} is not one of {samplers}")
         _check(self.n_negatives >= 1, "negatives.n_negatives", f"must be >= 1, got {self.n_negatives}")
         _check(self.temperature > 0, "negatives.temperature", f"must be > 0, got {self.temperature}")
+        _check(self.sharing in ("per-token", "shared"), "negatives.sharing",
+               f"{self.sharing!r} is not one of ('per-token', 'shared')")
+        _check(self.precision in ("fp32", "fp16", "bf16"), "negatives.precision",
+               f"{self.precision!r} is not one of ('fp32', 'fp16', 'bf16')")
+        _check(self.queue_depth >= 1, "negatives.queue_depth", f"must be >= 1, got {self.queue_depth}")
 
 
 @dataclass(frozen=True)
@@ -339,7 +352,53 @@ class KernelsAblation:
         _check(len(self.regimes) >= 1, "ablations.kernels.regimes", "needs at least one regime")
 
 
-ABLATIONS: dict[str, type] = {"train": TrainAblation, "kernels": KernelsAblation}
+
+
+@dataclass(frozen=True)
+class NegativesAblation:
+    """The grid of the negative-sampling experiment (notebooks/04_negative_sampling, bench negatives).
+
+    Rows (grlib.negatives.ablation.variants): the per-token baseline (R = baseline_negatives, FP32,
+    sync); shared pools of each size in shared_sizes; each half format at per-token R and at shared
+    R = precision_shared_size; sync vs async vs pre-sampled with async_sampler at per-token
+    R = baseline_negatives and at shared R = async_shared_size; each extra sampler at a shared pool of
+    sampler_pool_size."""
+
+    baseline_negatives: int = 128
+    shared_sizes: list[int] = field(default_factory=lambda: [128, 512, 2048, 8192])
+    half_formats: list[str] = field(default_factory=lambda: ["fp16"])
+    precision_shared_size: int = 2048
+    async_shared_size: int = 2048
+    async_sampler: str = "popularity"  # the sampler of the sync / async / pre-sampled rows (the costliest)
+    samplers: list[str] = field(default_factory=lambda: ["popularity", "in-batch"])
+    sampler_pool_size: int = 2048
+    datasets: list[str] = field(default_factory=lambda: ["synthetic", "ml-100k"])
+    seeds: list[int] = field(default_factory=lambda: [0])  # quality seeds of the precision rows
+    train_steps: int = 20  # fixed training budget per row (capped by the scale's epochs)
+    eval_users: int = 512  # users ranked per quality run (the first ones; 0 = all)
+    timing_steps: int = 4  # timed steps per variant and round (the first of each round is dropped)
+    timing_rounds: int = 2  # rounds over all variants (interleaved, so drift hits all alike)
+
+    def __post_init__(self) -> None:
+        name = "ablations.negatives"
+        for f in ("baseline_negatives", "precision_shared_size", "async_shared_size", "sampler_pool_size",
+                  "train_steps", "timing_rounds"):
+            _check(getattr(self, f) >= 1, f"{name}.{f}", f"must be >= 1, got {getattr(self, f)}")
+        _check(self.timing_steps >= 2, f"{name}.timing_steps", f"must be >= 2, got {self.timing_steps}")
+        _check(self.eval_users >= 0, f"{name}.eval_users", f"must be >= 0, got {self.eval_users}")
+        _check(all(r >= 1 for r in self.shared_sizes), f"{name}.shared_sizes", "sizes must be >= 1")
+        for h in self.half_formats:
+            _check(h in ("fp16", "bf16"), f"{name}.half_formats", f"{h!r} is not one of ('fp16', 'bf16')")
+        for smp in self.samplers:
+            _check(smp in ("uniform", "popularity", "in-batch"), f"{name}.samplers", f"unknown sampler {smp!r}")
+        _check(self.async_sampler in ("uniform", "popularity", "in-batch"), f"{name}.async_sampler",
+               f"unknown sampler {self.async_sampler!r}")
+        for ds in self.datasets:
+            _check(ds in ("synthetic", "ml-100k"), f"{name}.datasets", f"{ds!r} is not one of ('synthetic', 'ml-100k')")
+        _check(len(self.seeds) >= 1, f"{name}.seeds", "needs at least one seed")
+
+
+ABLATIONS: dict[str, type] = {"train": TrainAblation, "kernels": KernelsAblation, "negatives": NegativesAblation}
 
 
 def load_ablation(name: str, overrides: dict[str, Any] | None = None,

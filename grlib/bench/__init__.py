@@ -15,6 +15,7 @@ BENCHES = {
     "train": "grlib.bench.train",
     "data": "grlib.bench.data",
     "kernels": "grlib.bench.kernels",
+    "negatives": "grlib.bench.negatives",
 }
 
 

@@ -1,57 +1,164 @@
-"""The per-token uniform baseline of the negative path (see grlib.negatives)."""
+"""NegativePath: sampling, looking up and scoring the negatives of the loss (see grlib.negatives).
+
+Each step splits in two:
+  sample(batch) -> NegativeSample     valid-token positions, targets, negative ids (no embedding values)
+  loss(user, embed, batch)            looks the rows up under the current weights and scores them
+
+Sync (`async_sampling: false`): `loss` samples on the critical path. Async: `wrap(batches)` runs
+`sample` for the next `queue_depth` batches in a background worker (grlib.negatives.offload) and
+`loss` takes the prepared sample. Staleness choice: only ids are prepared ahead; the embedding rows
+are gathered inside `loss`, from the weights of the current step, so the negatives' logits and
+their gradients are exact (zero staleness), and async training draws exactly the sync path's ids
+(same generator, same order), so it trains the same model (up to floating-point run-to-run
+rounding). Gathering values ahead would score negatives with weights one or more optimizer steps
+old and still need a second lookup for their gradients.
+"""
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, fields
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 
 from grlib.config import NegativesConfig
-from grlib.data.schema import FIRST_ITEM_ID
 from grlib.data.sequences import JaggedBatch
+from grlib.negatives.offload import PrefetchWorker
+from grlib.negatives.samplers import InBatchSampler, Sampler, build_sampler
+from grlib.negatives.scoring import per_token_lse, sampled_softmax, shared_lse
 
 
-def sampled_softmax_loss(user: Tensor, items: Tensor, targets: Tensor, negatives: Tensor,
-                         temperature: float) -> Tensor:
-    """user [P, d], items [V, d] (both normalised), targets [P], negatives [P, R] ids -> scalar.
+@dataclass
+class NegativeSample:
+    """The negatives of one batch, ready to score (CPU or device tensors)."""
 
-    A negative equal to the token's own target (an accidental hit) is masked out."""
-    if targets.numel() == 0:
-        return user.sum() * 0.0
-    pos_logit = (user * items[targets]).sum(-1, keepdim=True)  # [P, 1]
-    neg_logit = torch.einsum("pd,prd->pr", user, items[negatives])  # [P, R]
-    neg_logit = neg_logit.masked_fill(negatives == targets[:, None], -torch.inf)
-    logits = torch.cat([pos_logit, neg_logit], dim=1) / temperature
-    return F.cross_entropy(logits, torch.zeros_like(targets))
+    keep: Tensor  # [P] int64: positions among the batch's T tokens of the tokens with a target
+    targets: Tensor  # [P] int64
+    ids: Tensor  # [P, R] int32 (per-token) or [R] int64 (shared): negative item ids
+
+    @property
+    def shared(self) -> bool:
+        return self.ids.dim() == 1
+
+    def to(self, device: torch.device) -> "NegativeSample":
+        if self.keep.device == device:
+            return self
+        return NegativeSample(*(getattr(self, f.name).to(device, non_blocking=True) for f in fields(self)))
+
+    def nbytes(self) -> int:
+        return sum(getattr(self, f.name).numel() * getattr(self, f.name).element_size() for f in fields(self))
 
 
 class NegativePath:
-    """Uniform per-token negatives, sampled on the critical path (the paper's baseline)."""
+    """The configured negative path: sampler x sharing x precision x sync/async (NegativesConfig)."""
 
-    def __init__(self, cfg: NegativesConfig, n_items: int, seed: int = 0):
+    def __init__(self, cfg: NegativesConfig, n_items: int, item_counts: np.ndarray | None = None, seed: int = 0):
         self.cfg, self.n_items = cfg, n_items
+        self.sampler: Sampler = build_sampler(cfg.sampler, n_items, item_counts)
+        self.logq = self.sampler.log_q() if cfg.logq else None  # [V] or None (uniform: it cancels)
         self.generator = torch.Generator().manual_seed(seed)
+        self._lock = threading.Lock()  # the generator is shared by the worker and inline sampling
+        self._prepared: dict[int, tuple[JaggedBatch, NegativeSample]] = {}
+        self._workers: list[PrefetchWorker] = []
+
+    # --- sampling (off the critical path when async) -------------------------------------------
+    def sample(self, batch: JaggedBatch) -> NegativeSample:
+        keep = torch.nonzero(batch.targets > 0).squeeze(1)  # [P]
+        targets = batch.targets[keep]  # [P]
+        R = self.cfg.n_negatives
+        with self._lock:
+            if self.cfg.sharing == "shared":
+                if isinstance(self.sampler, InBatchSampler):
+                    ids = self.sampler.pool(targets, R, self.generator)  # [min(P, R)]
+                else:
+                    ids = self.sampler.draw((R,), targets, self.generator)  # [R]
+            else:
+                ids = self.sampler.draw((targets.numel(), R), targets, self.generator)  # [P, R]
+                if self.n_items < 2**31:
+                    ids = ids.int()  # int32: half the bytes of the largest id tensor
+        return NegativeSample(keep, targets, ids)
+
+    def attach(self, batch: JaggedBatch, sample: NegativeSample) -> None:
+        """Hands a prepared sample to the next `loss` call on this batch (pre-sampled / async)."""
+        self._prepared[id(batch)] = (batch, sample)
 
     def wrap(self, batches: Iterable[JaggedBatch]) -> Iterator[JaggedBatch]:
-        return iter(batches)
+        if not self.cfg.async_sampling:
+            return iter(batches)
+        worker = PrefetchWorker(batches, self.sample, depth=self.cfg.queue_depth)
+        self._workers.append(worker)
+        return self._from_worker(worker)
 
+    def _from_worker(self, worker: PrefetchWorker) -> Iterator[JaggedBatch]:
+        try:
+            for batch, sample in worker:
+                self.attach(batch, sample)
+                yield batch
+        finally:
+            worker.close()
+
+    def _take(self, batch: JaggedBatch) -> NegativeSample:
+        got = self._prepared.pop(id(batch), None)
+        if got is not None and got[0] is batch:
+            return got[1]
+        return self.sample(batch)
+
+    # --- scoring (the critical path) -----------------------------------------------------------
     def loss(self, user: Tensor, embed, batch: JaggedBatch) -> Tensor:
-        """user [T, d] normalised; embed.item_table() [V, d] normalised; batch.targets [T]."""
-        keep = batch.targets > 0
-        targets = batch.targets[keep]  # [P]
-        negatives = torch.randint(FIRST_ITEM_ID, self.n_items, (targets.numel(), self.cfg.n_negatives),
-                                  generator=self.generator)  # [P, R]
-        return sampled_softmax_loss(user[keep], embed.item_table(), targets, negatives, self.cfg.temperature)
+        """user [T, d] normalised; embed.item_table() [V, d] normalised; batch.targets [T] -> scalar."""
+        s = self._take(batch).to(user.device)
+        table = embed.item_table()  # [V, d]
+        u = user.index_select(0, s.keep) / self.cfg.temperature  # [P, d]: valid tokens only, scaled by 1/tau
+        pos = (u * table.index_select(0, s.targets)).sum(-1)  # [P] fp32
+        logq = None if self.logq is None else self.logq.to(user.device)
+        if logq is not None:
+            pos = pos - logq[s.targets]
+        if s.shared:
+            pool = table.index_select(0, s.ids)  # [R, d]: R rows for the whole batch
+            lse = shared_lse(u, pool, s.ids, s.targets, logq, self.cfg.precision)  # [P]
+        else:
+            lse = per_token_lse(u, table, s.ids, s.targets, logq, self.cfg.precision)  # [P]
+        return sampled_softmax(pos, lse)
 
     def close(self) -> None:
-        pass
+        """Stops every background worker (idempotent)."""
+        for worker in self._workers:
+            worker.close()
+        self._workers.clear()
+        self._prepared.clear()
+
+    def __enter__(self) -> "NegativePath":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def sample_stats(sample: NegativeSample) -> dict[str, float]:
+    """Per-batch figures of a sample: tokens scored, negatives per token (accidental hits excluded),
+    distinct negatives per token, and embedding rows looked up (negatives; positives apart)."""
+    P = sample.targets.numel()
+    if P == 0:
+        return {"tokens": 0, "negatives_per_token": 0.0, "distinct_negatives_per_token": 0.0,
+                "negative_rows": 0, "positive_rows": 0}
+    ids = sample.ids.long()
+    R = ids.shape[-1]
+    hits = (ids.unsqueeze(0) if sample.shared else ids) == sample.targets[:, None]  # [P, R]
+    valid = R - hits.sum(1).double()  # [P]
+    if sample.shared:
+        distinct = ids.unique().numel() - hits.any(1).double()  # [P]
+    else:
+        srt = ids.sort(1).values  # [P, R]
+        distinct = 1 + (srt[:, 1:] != srt[:, :-1]).sum(1).double() - hits.any(1).double()
+    return {"tokens": P, "negatives_per_token": float(valid.mean()),
+            "distinct_negatives_per_token": float(distinct.mean()),
+            "negative_rows": int(ids.numel()), "positive_rows": P}
 
 
 def build_negative_path(cfg: NegativesConfig, n_items: int, item_counts: np.ndarray | None = None,
                         seed: int = 0) -> NegativePath:
-    """The negative path configured by cfg (item_counts: training popularity, for samplers that use it)."""
-    if cfg.sampler != "uniform":
-        raise NotImplementedError(f"negatives.sampler={cfg.sampler!r} is not implemented yet")
-    return NegativePath(cfg, n_items, seed)
+    """The negative path configured by cfg (item_counts: training target counts per item, needed by
+    the popularity and in-batch samplers)."""
+    return NegativePath(cfg, n_items, item_counts, seed)

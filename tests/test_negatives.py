@@ -1,0 +1,261 @@
+"""grlib.negatives: samplers (chi-square), logQ correction, the scoring paths against the plain
+autograd reference (hypothesis, ragged batches incl. empty and length-1 sequences), shared vs
+per-token equivalence, accidental-hit masking, half precision within tolerance of FP32."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from grlib.config import ConfigError, NegativesConfig, load_config
+from grlib.data.sequences import JaggedBatch
+from grlib.negatives import NegativeSample, build_negative_path, sample_stats, sampled_softmax_loss
+from grlib.negatives.samplers import (InBatchSampler, PopularitySampler, UniformSampler, build_sampler,
+                                      chi_square_pvalue)
+
+
+class Table:
+    """model.embed stand-in: item_table() returns a fixed tensor."""
+
+    def __init__(self, table: torch.Tensor):
+        self.table = table
+
+    def item_table(self) -> torch.Tensor:
+        return self.table
+
+
+def make_batch(lengths: list[int], targets: torch.Tensor) -> JaggedBatch:
+    T = int(sum(lengths))
+    offsets = torch.tensor(np.concatenate([[0], np.cumsum(lengths)]), dtype=torch.int64)
+    zeros = torch.zeros(T, dtype=torch.int64)
+    return JaggedBatch(item_ids=zeros, actions=zeros, timestamps=zeros, offsets=offsets,
+                       max_len=max(lengths, default=1) or 1, targets=targets)
+
+
+def zipf_counts(V: int, seed: int = 0) -> np.ndarray:
+    """Zipf-like training counts (pad and OOV ids at 0), shuffled over the ids."""
+    counts = np.zeros(V, dtype=np.int64)
+    counts[2:] = np.random.default_rng(seed).permutation((1000 / np.arange(1, V - 1) ** 1.1).astype(np.int64))
+    return counts
+
+
+# --- samplers ------------------------------------------------------------------------------------
+
+def test_uniform_sampler_chi_square():
+    s, g = UniformSampler(52), torch.Generator().manual_seed(0)
+    ids = s.draw((400, 500), torch.empty(0, dtype=torch.int64), g)
+    assert ids.min() >= 2 and ids.max() <= 51
+    assert chi_square_pvalue(torch.bincount(ids.flatten(), minlength=52), s.probabilities()) > 1e-3
+
+
+def test_popularity_sampler_chi_square_and_power():
+    counts = zipf_counts(60)
+    s, g = PopularitySampler(60, counts), torch.Generator().manual_seed(1)
+    ids = s.draw((200_000,), torch.empty(0, dtype=torch.int64), g)
+    observed = torch.bincount(ids, minlength=60)
+    expected = torch.as_tensor(counts + 1.0, dtype=torch.float64)
+    expected[:2] = 0
+    assert chi_square_pvalue(observed, expected / expected.sum()) > 1e-3
+    assert chi_square_pvalue(observed, UniformSampler(60).probabilities()) < 1e-9  # the test has power
+
+
+def test_in_batch_sampler_follows_the_batch_targets():
+    targets = torch.tensor([2, 2, 2, 5, 7, 7, 9, 9, 9, 9])
+    s, g = InBatchSampler(12, np.ones(12)), torch.Generator().manual_seed(2)
+    ids = s.draw((100_000,), targets, g)
+    assert chi_square_pvalue(torch.bincount(ids, minlength=12), s.probabilities(targets)) > 1e-3
+    pool = s.pool(targets, 4, g)
+    assert pool.numel() == 4 and set(pool.tolist()) <= set(targets.tolist())
+    assert torch.equal(s.pool(targets, 50, g), targets)
+
+
+def test_logq_matches_the_draws_partition_function_is_unbiased():
+    """E[exp(s_j - log Q_j)] over draws j ~ Q equals sum_j exp(s_j): the importance-sampling identity
+    that the logQ correction rests on; fails if log Q disagrees with how the ids are drawn."""
+    V = 40
+    counts = zipf_counts(V, seed=3)
+    scores = torch.randn(V, generator=torch.Generator().manual_seed(4))
+    targets = torch.repeat_interleave(torch.arange(V), torch.as_tensor(counts))
+    for sampler in (PopularitySampler(V, counts), InBatchSampler(V, counts)):
+        ids = sampler.draw((400_000,), targets, torch.Generator().manual_seed(5))
+        w = torch.exp(scores[ids] - sampler.log_q()[ids].double())
+        z = torch.exp(scores[2:].double()).sum()
+        stderr = w.std() / len(w) ** 0.5
+        assert abs(w.mean() - z) < 4 * stderr, sampler.name
+        biased = torch.exp(scores[ids]).double().mean() * (V - 2)  # no correction: off by far
+        assert abs(biased - z) > 10 * stderr
+
+
+def _toy_fit(logq: bool) -> float:
+    """One context, free item logits theta; targets ~ p; negatives ~ a popularity Q unrelated to p.
+    Returns the total-variation distance between softmax(theta) and p after training."""
+    torch.manual_seed(0)
+    V, tau, T = 22, 0.05, 128
+    g = torch.Generator().manual_seed(1)
+    p = torch.zeros(V)
+    p[2:] = torch.rand(V - 2, generator=g) + 0.2
+    p /= p.sum()
+    counts = np.zeros(V)
+    counts[2:] = (np.arange(V - 2)[::-1] ** 2 + 1) * 10
+    cfg = NegativesConfig(sampler="popularity", n_negatives=16, logq=logq, temperature=tau)
+    path = build_negative_path(cfg, V, counts, seed=0)
+    theta = torch.zeros(V, 1, requires_grad=True)
+    opt = torch.optim.Adam([theta], lr=0.05)
+    user = torch.full((T, 1), tau)  # logit_j = user . theta_j / tau = theta_j
+    for _ in range(100):
+        targets = torch.multinomial(p, T, replacement=True, generator=g)
+        loss = path.loss(user, Table(theta), make_batch([T], targets))
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    return 0.5 * float((torch.softmax(theta[2:, 0].detach(), 0) - p[2:]).abs().sum())
+
+
+def test_logq_correction_recovers_the_true_distribution_on_a_toy_problem():
+    assert _toy_fit(logq=True) < 0.08
+    assert _toy_fit(logq=False) > 0.4  # the uncorrected popularity sampler is biased
+
+
+def test_samplers_refuse_bad_counts():
+    with pytest.raises(ValueError, match="needs item_counts"):
+        build_sampler("popularity", 10, None)
+    with pytest.raises(ValueError, match="shape"):
+        build_sampler("in-batch", 10, np.ones(9))
+    with pytest.raises(ValueError, match="negative counts"):
+        build_sampler("popularity", 3, np.array([0, 0, -1]))
+
+
+def test_config_names_the_bad_field():
+    for field, value in (("sharing", "pooled"), ("precision", "fp8"), ("sampler", "hard"), ("queue_depth", 0)):
+        with pytest.raises(ConfigError, match=f"negatives.{field}"):
+            load_config("smoke", {f"negatives.{field}": value})
+
+
+# --- scoring against the reference ---------------------------------------------------------------
+
+@st.composite
+def cases(draw):
+    lengths = draw(st.lists(st.integers(0, 9), min_size=0, max_size=6))
+    T = sum(lengths)
+    V = draw(st.integers(3, 40))
+    targets = draw(st.lists(st.integers(0, V - 1).map(lambda t: 0 if t < 2 else t), min_size=T, max_size=T))
+    return {
+        "lengths": lengths, "V": V, "targets": torch.tensor(targets, dtype=torch.int64),
+        "d": draw(st.sampled_from([4, 8])), "R": draw(st.integers(1, 24)),
+        "sampler": draw(st.sampled_from(["uniform", "popularity", "in-batch"])),
+        "sharing": draw(st.sampled_from(["per-token", "shared"])),
+        "seed": draw(st.integers(0, 2**16)),
+    }
+
+
+def _inputs(case):
+    g = torch.Generator().manual_seed(case["seed"])
+    T = int(sum(case["lengths"]))
+    user = F.normalize(torch.randn(T, case["d"], generator=g), dim=-1).requires_grad_()
+    table = F.normalize(torch.randn(case["V"], case["d"], generator=g), dim=-1).requires_grad_()
+    counts = torch.randint(0, 20, (case["V"],), generator=g).numpy()
+    return user, table, counts, make_batch(case["lengths"], case["targets"])
+
+
+def _loss_and_grads(path, user, table, batch, sample):
+    path.attach(batch, sample)
+    loss = path.loss(user, Table(table), batch)
+    gu, gt = torch.autograd.grad(loss, [user, table], allow_unused=True, materialize_grads=True)
+    return loss.detach(), gu, gt
+
+
+@settings(max_examples=40)
+@given(cases())
+def test_path_matches_the_reference(case):
+    user, table, counts, batch = _inputs(case)
+    cfg = NegativesConfig(sampler=case["sampler"], sharing=case["sharing"], n_negatives=case["R"])
+    path = build_negative_path(cfg, case["V"], counts, seed=case["seed"])
+    sample = path.sample(batch)
+    assert sample.targets.numel() == int((case["targets"] > 0).sum())
+    loss, gu, gt = _loss_and_grads(path, user, table, batch, sample)
+    ref = sampled_softmax_loss(user[sample.keep], table, sample.targets, sample.ids, cfg.temperature, path.logq)
+    ru, rt = torch.autograd.grad(ref, [user, table], allow_unused=True, materialize_grads=True)
+    assert torch.isfinite(loss) and torch.isfinite(gu).all() and torch.isfinite(gt).all()
+    torch.testing.assert_close(loss, ref.detach(), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(gu, ru, rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(gt, rt, rtol=1e-4, atol=1e-5)
+
+
+@settings(max_examples=25)
+@given(cases(), st.sampled_from(["fp16", "bf16"]))
+def test_half_precision_within_tolerance_of_fp32(case, precision):
+    user, table, counts, batch = _inputs(case)
+    out = {}
+    for prec in ("fp32", precision):
+        cfg = NegativesConfig(sampler=case["sampler"], sharing=case["sharing"], n_negatives=case["R"], precision=prec)
+        path = build_negative_path(cfg, case["V"], counts, seed=case["seed"])
+        out[prec] = _loss_and_grads(path, user, table, batch, path.sample(batch))
+    # logits reach 1/temperature = 20, so the half format's unit roundoff u moves each by <= 20u
+    # (u = 2^-11 fp16, 2^-8 bf16): the loss by <= 2 x 20u, gradients by <= 5 x 20u relative
+    # (observed worst over 200 random cases: fp16 0.0027 / 1.8%, bf16 0.032 / 9%).
+    u = {"fp16": 2.0**-11, "bf16": 2.0**-8}[precision]
+    (l32, u32, t32), (lh, uh, th) = out["fp32"], out[precision]
+    assert abs(float(lh - l32)) <= 2 * 20 * u
+    for a, b in ((uh, u32), (th, t32)):
+        assert float((a - b).norm()) <= 5 * 20 * u * float(b.norm()) + 1e-7
+
+
+def test_shared_pool_equals_per_token_when_the_pools_coincide():
+    g = torch.Generator().manual_seed(7)
+    V, d, T, R = 50, 16, 40, 12
+    user = F.normalize(torch.randn(T, d, generator=g), dim=-1).requires_grad_()
+    table = F.normalize(torch.randn(V, d, generator=g), dim=-1).requires_grad_()
+    targets = torch.randint(2, V, (T,), generator=g)
+    targets[::4] = 0
+    batch = make_batch([10, 0, 1, 29], targets)
+    counts = torch.randint(1, 30, (V,), generator=g).numpy()
+    for sampler in ("uniform", "popularity"):
+        for precision in ("fp32", "fp16"):
+            out = {}
+            for sharing in ("shared", "per-token"):
+                path = build_negative_path(NegativesConfig(sampler=sampler, sharing=sharing, n_negatives=R,
+                                                           precision=precision), V, counts)
+                pool = torch.tensor([2, 3, 5, 8, 13, 21, 34, 3, 5, 44, 45, 46])  # [R], duplicates allowed
+                pool[0] = targets[1]  # an accidental hit for token 1 (token 0 has no target)
+                keep = torch.nonzero(targets > 0).squeeze(1)
+                ids = pool if sharing == "shared" else pool.expand(keep.numel(), -1).int().contiguous()
+                out[sharing] = _loss_and_grads(path, user, table, batch, NegativeSample(keep, targets[keep], ids))
+            for a, b in zip(out["shared"], out["per-token"]):
+                tol = 1e-6 if precision == "fp32" else 1e-3
+                torch.testing.assert_close(a, b, rtol=tol, atol=tol)
+
+
+def test_accidental_hits_are_masked():
+    """Every negative equals the target: the loss is exactly 0 (softmax over the positive alone)."""
+    V, d = 10, 4
+    user = F.normalize(torch.randn(3, d), dim=-1).requires_grad_()
+    table = F.normalize(torch.randn(V, d), dim=-1).requires_grad_()
+    targets = torch.tensor([4, 4, 4])
+    batch = make_batch([3], targets)
+    for sharing, ids in (("shared", torch.full((5,), 4)), ("per-token", torch.full((3, 5), 4, dtype=torch.int32))):
+        path = build_negative_path(NegativesConfig(sharing=sharing, n_negatives=5), V)
+        loss, gu, gt = _loss_and_grads(path, user, table, batch, NegativeSample(torch.arange(3), targets, ids))
+        assert float(loss) == 0.0 and float(gu.abs().max()) == 0.0 and float(gt.abs().max()) == 0.0
+        stats = sample_stats(NegativeSample(torch.arange(3), targets, ids))
+        assert stats["negatives_per_token"] == 0.0 and stats["distinct_negatives_per_token"] == 0.0
+    # one hit among three: the other two still count
+    path = build_negative_path(NegativesConfig(sharing="shared", n_negatives=3), V)
+    pool = torch.tensor([4, 5, 6])
+    loss, *_ = _loss_and_grads(path, user, table, batch, NegativeSample(torch.arange(3), targets, pool))
+    u, t = user.detach() / 0.05, table.detach()
+    expect = (torch.logsumexp(torch.stack([u @ t[4], u @ t[5], u @ t[6]], 1), 1) - u @ t[4]).mean()
+    torch.testing.assert_close(loss, expect)
+
+
+def test_sample_stats_counts_rows_and_negatives():
+    targets = torch.tensor([3, 0, 5, 7])
+    batch = make_batch([4], targets)
+    shared = build_negative_path(NegativesConfig(sharing="shared", n_negatives=64), 20).sample(batch)
+    per_token = build_negative_path(NegativesConfig(n_negatives=64), 20).sample(batch)
+    s, p = sample_stats(shared), sample_stats(per_token)
+    assert s["tokens"] == p["tokens"] == 3
+    assert s["negative_rows"] == 64 and p["negative_rows"] == 3 * 64
+    assert 60 <= s["negatives_per_token"] <= 64 and s["distinct_negatives_per_token"] <= 17
