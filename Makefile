@@ -16,6 +16,7 @@ export MAX_JOBS ?= 2
 
 DEPS_STAMP := $(VENV)/.deps-installed
 KERNEL_STAMP := $(VENV)/.kernels-built
+TEST_STAMP := $(VENV)/.test-deps-installed
 KERNEL_SOURCES := $(wildcard kernels/cpu/*.cpp kernels/cpu/*.h) setup.py
 
 .PHONY: setup reproduce test lab bench clean-venv
@@ -35,6 +36,10 @@ $(KERNEL_STAMP): $(DEPS_STAMP) $(KERNEL_SOURCES)
 	$(PY) -c "import grlib._C, torch; print('grlib._C built, openmp:', grlib._C.openmp)"
 	touch $@
 
+$(TEST_STAMP): $(DEPS_STAMP)
+	GRLIB_SKIP_EXT=1 $(PIP) install -q --no-build-isolation -e '.[test,interpret]'
+	touch $@
+
 .dvc/config: | $(DEPS_STAMP)
 	test -d .git || git init -q
 	dvc init -q
@@ -44,7 +49,7 @@ reproduce: $(KERNEL_STAMP) .dvc/config
 	dvc repro
 	dvc metrics show
 
-test: $(KERNEL_STAMP)
+test: $(KERNEL_STAMP) $(TEST_STAMP)
 	$(PY) -m pytest -q
 
 lab: $(KERNEL_STAMP)

@@ -2,9 +2,8 @@
 against the padded reference, forward and all gradients; and the NPU dispatch's clear error.
 
 The interpreter must be switched on before triton is imported, so the Triton cases run in a
-child process with TRITON_INTERPRET=1. They need the `triton` package: it is not installed by
-`make test` (its wheel is ~290 MB and unpacks to ~1 GB, too heavy for CI's set-up), so without
-it they skip and say so; `pip install triton==3.9.0` into .venv runs them.
+child process with TRITON_INTERPRET=1. They need the `triton` package, which `make test` installs
+(extra `interpret`); in an environment without it they skip and say so.
 """
 from __future__ import annotations
 
@@ -58,8 +57,8 @@ CHILD = textwrap.dedent('''
 ''')
 
 
-@pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed (290 MB wheel, left out of `make test`); "
-                    "`pip install triton==3.9.0` runs these kernels under TRITON_INTERPRET=1")
+@pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed; `make test` (or `pip install -e .[interpret]`) "
+                    "installs it to run these kernels under TRITON_INTERPRET=1")
 @pytest.mark.slow
 def test_triton_kernels_match_reference_under_interpreter():
     env = {**os.environ, "TRITON_INTERPRET": "1"}

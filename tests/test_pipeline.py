@@ -14,6 +14,8 @@ import polars as pl
 import pytest
 import yaml
 
+from grlib import paths
+
 ROOT = Path(__file__).resolve().parents[1]
 SKIP = {".venv", ".git", "build", "data", "results", ".dvc", ".hypothesis", ".pytest_cache", "__pycache__"}
 
@@ -48,6 +50,9 @@ def test_dvc_repro_smoke_in_a_copy(tmp_path):
     env = {k: v for k, v in os.environ.items() if not k.startswith("GRLIB_")}
     env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
     env["GRLIB_PROJECT_ROOT"] = str(repo)
+    real = paths.real_data_dir()  # the copy has no ../shared beside it: point it at the real slices, if any
+    if real is not None:
+        env["GRLIB_REAL_DATA"] = str(real)
     dvc = [sys.executable, "-m", "dvc"]
     _run(["git", "init", "-q"], repo, env)
     _run(dvc + ["init", "-q"], repo, env)
@@ -62,9 +67,11 @@ def test_dvc_repro_smoke_in_a_copy(tmp_path):
     assert (results / "figures" / "train_quality.svg").read_text().lstrip().startswith("<svg")
     assert (results / "figures" / "train_quality.png").read_bytes()[:4] == b"\x89PNG"
     assert (results / "executed" / "smoke" / "02_train.ipynb").exists()
+    assert "C1 fused jagged attention" in (results / "summary.md").read_text()  # the report reads every stage
     train = pl.read_parquet(results / "tables" / "train.parquet")
     grid = params["ablations"]["train"]
     per_seed = len(grid["models"]) * train["dataset"].n_unique()  # ml-100k is skipped where absent
+    n_seeds = len(grid["seeds"])
     assert set(train["scale"]) == {"smoke"} and train.height == per_seed * len(grid["seeds"])
 
     start = time.perf_counter()
@@ -72,10 +79,10 @@ def test_dvc_repro_smoke_in_a_copy(tmp_path):
     assert "Running stage" not in second
     assert time.perf_counter() - start < 30
 
-    params["ablations"]["train"]["seeds"] = grid["seeds"] + [max(grid["seeds"]) + 1]
+    params["ablations"]["train"]["seeds"] = [*grid["seeds"], max(grid["seeds"]) + 1]
     (repo / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
     third = _run(dvc + ["repro"], repo, env).stdout
     assert "Running stage 'train'" in third and "Running stage 'report'" in third
     assert "Running stage 'data'" not in third
     train = pl.read_parquet(results / "tables" / "train.parquet")
-    assert train.height == per_seed * (2 * len(grid["seeds"]) + 1)  # appended, not replaced
+    assert train.height == per_seed * (2 * n_seeds + 1)  # appended, not replaced

@@ -12,7 +12,7 @@ from grlib.experiments import data_stage, report, train_stage
 def test_smoke_stage_chain(isolated_outputs):
     cfg = load_config("smoke")
     data_stage.run(cfg)
-    out = train_stage.run(cfg, load_ablation("train", {"seeds": [0, 1], "datasets": ["scale"]}))
+    out = train_stage.run(cfg, load_ablation("train", {"seeds": [0, 1], "datasets": ["scale"], "max_steps": [0]}))
     table = out["table"]
     assert set(table["model"]) == {"hstu", "sasrec", "popularity"} and table.height == 6
     assert set(table["dataset"]) == {"synthetic"} and not table["mask_history"].any()  # the twin has repeats
@@ -49,3 +49,22 @@ def test_ablation_grid_checks_and_step_budgets():
     with pytest.raises(ConfigError, match="ablations.train.datasets: data.dataset: 'netflix' is not one of"):
         load_ablation("train", {"datasets": ["netflix"]})
     assert [train_stage.step_budget(a, b) for a, b in ((3, 40), (120, 40), (120, 0), (0, 0))] == [3, 40, 120, 0]
+
+
+def test_report_claims_read_the_newest_run_of_each_table(isolated_outputs):
+    from grlib.experiments import kernels_stage  # noqa: F401  (the checks the report reuses)
+
+    cfg = load_config("smoke")
+    base = {"op": "hstu_attention", "whole_batch": False, "regime": "scaled", "max_len": 1024, "batch": 8,
+            "tokens": 100, "fill": 0.1, "fwd_ms": 1.0, "peak_mem_mb": 1.0, "gflops": 1.0, "frac_of_peak": 0.1}
+    old = [dict(base, impl="reference", fwd_bwd_ms=10.0, speedup_vs_reference=1.0, mem_reduction_vs_reference=0.0),
+           dict(base, impl="cpu", fwd_bwd_ms=1.0, speedup_vs_reference=10.0, mem_reduction_vs_reference=0.9)]
+    results.append_rows("kernels", old, cfg)
+    new = [dict(old[0]), dict(old[1], fwd_bwd_ms=8.0, speedup_vs_reference=1.25, mem_reduction_vs_reference=0.5)]
+    results.append_rows("kernels", new, cfg)
+    rep = report.run("smoke")
+    c1 = rep["claims"].filter(rep["claims"]["claim"].str.starts_with("C1"))
+    assert c1.height == 2 and not c1["met"].any()  # the newer, slower run decides, not the older one
+    assert c1["figure"].to_list() == ["1.25", "0.5"]
+    assert "C1 fused jagged attention" in rep["markdown"].read_text()
+    assert report.run("laptop")["claims"].height == 0  # no laptop rows: nothing claimed

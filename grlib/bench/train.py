@@ -29,7 +29,7 @@ from grlib.train.optim import Optimizers
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--steps", type=int, default=8, help="timed training steps per implementation")
     p.add_argument("--warmup", type=int, default=2, help="untimed steps first")
-    p.add_argument("--impls", default="all", help="comma-separated hstu_attention impls (default: all registered)")
+    p.add_argument("--impls", default="all", help="comma-separated hstu_attention impls (default: all that run on CPU)")
     p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
 
 
@@ -84,7 +84,7 @@ def _gemm_share(T: int, d: int, peak: float) -> float:
 def run(args: argparse.Namespace) -> list[dict]:
     set_threads(args.threads)
     cfg = load_config(args.scale or "laptop", {"model.name": "hstu"})
-    impls = ops.implementations("hstu_attention") if args.impls == "all" else tuple(args.impls.split(","))
+    impls = ops.runnable("hstu_attention", "cpu") if args.impls == "all" else tuple(args.impls.split(","))
     auto = ops.choose("hstu_attention", "cpu", "auto")
     data, batches = _batches(cfg, args.warmup + args.steps)
     peaks = [perf.measure_peak_flops()["peak_flops"]]

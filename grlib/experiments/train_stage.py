@@ -21,6 +21,7 @@ import torch
 
 from grlib import perf, results
 from grlib.config import Config, TrainAblation
+from grlib.data.download import DownloadError
 from grlib.data.schema import FIRST_ITEM_ID
 from grlib.data.sequences import SequenceData
 from grlib.evaluate import evaluate, last_token_scores, popularity_scores, repeat_fraction
@@ -106,7 +107,7 @@ def run(cfg: Config, ablation: TrainAblation) -> dict:
     for name, cap in zip(ablation.datasets, caps):
         try:
             ds = load_dataset(cfg, name)
-        except FileNotFoundError as err:
+        except (FileNotFoundError, DownloadError) as err:  # absent and not downloadable here: said, not hidden
             skipped[dataset_name(cfg, name)] = str(err)
             print(f"skipped dataset {dataset_name(cfg, name)!r}: {err}")
             continue

@@ -192,7 +192,7 @@ def measure_step_times(vs: list[Variant], cfg: Config, data: SequenceData, batch
 
 def measure_quality(v: Variant, cfg: Config, data: SequenceData, ab: NegativesAblation, seed: int) -> dict:
     """Test NDCG@10 / HR@10 after the fixed budget (see module doc) with grlib.train.train."""
-    from grlib.evaluate import evaluate, last_token_scores
+    from grlib.evaluate import evaluate, last_token_scores, repeat_fraction
     from grlib.model import build_model
     from grlib.train import train
 
@@ -203,10 +203,12 @@ def measure_quality(v: Variant, cfg: Config, data: SequenceData, ab: NegativesAb
     model = build_model(cfg.model, data.n_items)
     fit = train(model, data, tcfg, cfg.data.max_len, v.negatives(cfg.negatives))
     ebs = cfg.train.eval_batch_size
+    # history masking only where no target repeats a history item (grlib.evaluate; the twin has repeats)
+    mask = max(repeat_fraction(data.eval_batches(s, ebs, cfg.data.max_len)) for s in ("val", "test")) == 0.0
     batches = data.eval_batches("test", ebs, cfg.data.max_len)
     if ab.eval_users:
         batches = islice(batches, math.ceil(ab.eval_users / ebs))
-    m = evaluate(last_token_scores(model), batches)
+    m = evaluate(last_token_scores(model), batches, mask_history=mask)
     return {"ndcg@10": m["ndcg@10"], "hr@10": m["hr@10"], "eval_users": m["users"], "train_steps": fit.steps,
             "final_loss": fit.losses[-1] if fit.losses else float("nan")}
 

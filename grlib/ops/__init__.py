@@ -18,10 +18,10 @@ from torch import Tensor
 
 from grlib.ops import registry
 from grlib.ops.jagged import Jagged, check_jagged, offsets_from_lengths
-from grlib.ops.registry import IMPLS, choose, implementations
+from grlib.ops.registry import IMPLS, choose, implementations, runnable
 
 __all__ = [
-    "IMPLS", "Jagged", "choose", "implementations", "offsets_from_lengths",
+    "IMPLS", "Jagged", "choose", "implementations", "offsets_from_lengths", "runnable",
     "jagged_to_padded", "padded_to_jagged", "segment_sum", "segment_mean", "segment_expand",
     "hstu_attention", "layer_norm_mul",
 ]

@@ -18,6 +18,10 @@ PREFERENCE = {
     "npu": ("npu", "reference"),
 }
 
+# The device types each implementation runs on ("triton" on CPU only under TRITON_INTERPRET=1, for tests).
+RUNS_ON = {"reference": ("cpu", "cuda", "npu"), "fbgemm": ("cpu", "cuda"), "cpu": ("cpu",), "triton": ("cuda",),
+           "npu": ("npu",)}
+
 _LOADERS: dict[str, dict[str, Callable[[], Callable]]] = {}
 _LOADED: dict[tuple[str, str], Callable] = {}
 
@@ -32,6 +36,12 @@ def implementations(op: str) -> tuple[str, ...]:
     if op not in _LOADERS:
         raise KeyError(f"unknown op {op!r}; registered ops: {', '.join(sorted(_LOADERS))}")
     return tuple(i for i in IMPLS if i in _LOADERS[op])
+
+
+def runnable(op: str, device: torch.device | str) -> tuple[str, ...]:
+    """The registered implementations of `op` that run on tensors of `device` (benchmarks loop over these)."""
+    dev = torch.device(device).type
+    return tuple(i for i in implementations(op) if dev in RUNS_ON[i])
 
 
 def choose(op: str, device: torch.device | str, impl: str = "auto") -> str:
