@@ -2,6 +2,8 @@
 timeline, model selection on validation, atomic checkpoints."""
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -135,3 +137,21 @@ def test_lazy_adam_state_survives_a_checkpoint_round_trip(tmp_path):
     opt.step()
     other.step()
     assert torch.equal(p, q)
+
+
+def test_a_run_cut_by_max_steps_resumes_mid_epoch(smoke_data, tmp_path):
+    """Stopping at max_steps inside an epoch keeps the position: extending max_steps continues the
+    same epoch, so the losses match an uninterrupted run with the larger budget."""
+    cfg, ds = smoke_data
+    tcfg = TrainConfig(max_steps=2, batch_size=16, epochs=3, select_best=False)
+    assert ds.data.n_train_batches(16) > 4  # the cut falls inside the first epoch
+
+    def fresh():
+        torch.manual_seed(0)
+        return build_model(cfg.model, ds.data.n_items, cfg.data.max_len)
+
+    train(fresh(), ds.data, tcfg, cfg.data.max_len, cfg.negatives, checkpoint_dir=tmp_path)
+    longer = dataclasses.replace(tcfg, max_steps=4)
+    resumed = train(fresh(), ds.data, longer, cfg.data.max_len, cfg.negatives, checkpoint_dir=tmp_path)
+    straight = train(fresh(), ds.data, longer, cfg.data.max_len, cfg.negatives)
+    assert resumed.resumed_from == 2 and resumed.losses == straight.losses

@@ -16,8 +16,8 @@ import torch
 
 from grlib.train import checkpoint
 
-ARGS = ["--scale", "smoke", "--model", "hstu", "-o", "train.epochs=200", "-o", "train.select_best=false",
-        "-o", "train.batch_size=32"]
+ARGS = ["--scale", "smoke", "--model", "hstu", "-o", "train.epochs=200", "-o", "train.max_steps=0",
+        "-o", "train.select_best=false", "-o", "train.batch_size=32"]
 
 
 def _cli(extra: list[str], env: dict) -> subprocess.Popen:

@@ -107,8 +107,9 @@ def train(model: nn.Module, data: SequenceData, cfg: TrainConfig, max_len: int, 
                     pbar.set_postfix(loss=f"{record['loss']:.3f}", refresh=False)
                     if save and checkpoint_every and pos.step % checkpoint_every == 0:
                         save()
-                if pos.batch >= per_epoch or pos.step >= total:  # the epoch is over
-                    _end_epoch(model, validate, cfg, pos, result, best)
+                if pos.batch >= per_epoch or pos.step >= total:  # the epoch is over, or cut by max_steps
+                    # a cut epoch keeps its position, so a resume with a larger max_steps continues it
+                    _end_epoch(model, validate, cfg, pos, result, best, advance=pos.batch >= per_epoch)
                     if save:
                         save()
     finally:
@@ -142,7 +143,8 @@ def _step(model: nn.Module, opt: Optimizers, path: Any, batches, flops_fn) -> di
             "optimizer_s": t5 - t4}
 
 
-def _end_epoch(model, validate, cfg: TrainConfig, pos: _Position, result: TrainResult, best: dict) -> None:
+def _end_epoch(model, validate, cfg: TrainConfig, pos: _Position, result: TrainResult, best: dict,
+               advance: bool = True) -> None:
     if validate is not None:
         model.eval()
         metrics = validate(model)
@@ -152,7 +154,8 @@ def _end_epoch(model, validate, cfg: TrainConfig, pos: _Position, result: TrainR
             best["metric"] = metrics[SELECT_METRIC]
             best["state"] = {k: v.detach().clone() for k, v in model.state_dict().items()}
             result.best_epoch = pos.epoch
-    pos.epoch, pos.batch = pos.epoch + 1, 0
+    if advance:
+        pos.epoch, pos.batch = pos.epoch + 1, 0
 
 
 # Fields of TrainConfig that must match for a checkpoint to be resumed (epochs / max_steps may grow).
