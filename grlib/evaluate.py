@@ -88,6 +88,12 @@ def repeat_fraction(batches: Iterable[JaggedBatch]) -> float:
     return repeats / users if users else 0.0
 
 
+def split_repeat_fraction(data, max_len: int, splits: tuple[str, ...] = ("val", "test"),
+                          batch_size: int = 1024) -> float:
+    """The largest repeat_fraction over `splits` of a SequenceData: 0.0 means history masking is safe."""
+    return max(repeat_fraction(data.eval_batches(s, batch_size, max_len)) for s in splits)
+
+
 def last_token_scores(model: torch.nn.Module) -> Callable[[JaggedBatch], Tensor]:
     """Scores of a neural encoder: last token's vector . every item vector."""
     def score(batch: JaggedBatch) -> Tensor:

@@ -102,15 +102,20 @@ def test_reference_in_bfloat16_meets_the_same_bound(case):
     _compare(case, "reference")
 
 
+def _random_case(lengths: list[int], H: int, D: int, Dv: int, P: int, Bt: int, ts: tuple[int, int],
+                 seed: int) -> dict:
+    """A fixed ragged batch with both bias tables (max_len = the longest sequence)."""
+    g = torch.Generator().manual_seed(seed)
+    T = sum(lengths)
+    return dict(q=torch.randn(T, H, D, generator=g), k=torch.randn(T, H, D, generator=g),
+                v=torch.randn(T, H, Dv, generator=g), offsets=ops.offsets_from_lengths(torch.tensor(lengths)),
+                max_len=max(lengths), alpha=None, pos_bias=torch.randn(H, P, generator=g),
+                time_bias=torch.randn(H, Bt, generator=g), timestamps=torch.randint(*ts, (T,), generator=g))
+
+
 def test_compiled_kernel_many_heads_long_sequence():
     """Several 64-token tiles (partial last tile), 8 heads, D not a multiple of 8, all biases."""
-    g = torch.Generator().manual_seed(0)
-    lengths = torch.tensor([200, 0, 1, 130, 64])
-    T, H = int(lengths.sum()), 8
-    case = dict(q=torch.randn(T, H, 13, generator=g), k=torch.randn(T, H, 13, generator=g),
-                v=torch.randn(T, H, 7, generator=g), offsets=ops.offsets_from_lengths(lengths), max_len=200,
-                alpha=None, pos_bias=torch.randn(H, 100, generator=g), time_bias=torch.randn(H, 16, generator=g),
-                timestamps=torch.randint(-10**6, 10**6, (T,), generator=g))
+    case = _random_case([200, 0, 1, 130, 64], H=8, D=13, Dv=7, P=100, Bt=16, ts=(-10**6, 10**6), seed=0)
     _compare(case, "cpu")
 
 
@@ -190,13 +195,7 @@ def test_opcheck_compiled_kernel():
 
 
 def test_result_does_not_depend_on_thread_count():
-    g = torch.Generator().manual_seed(1)
-    lengths = torch.tensor([150, 3, 90, 0, 64])
-    T, H = int(lengths.sum()), 3
-    case = dict(q=torch.randn(T, H, 8, generator=g), k=torch.randn(T, H, 8, generator=g),
-                v=torch.randn(T, H, 8, generator=g), offsets=ops.offsets_from_lengths(lengths), max_len=150,
-                alpha=None, pos_bias=torch.randn(H, 20, generator=g), time_bias=torch.randn(H, 8, generator=g),
-                timestamps=torch.randint(0, 10**5, (T,), generator=g))
+    case = _random_case([150, 3, 90, 0, 64], H=3, D=8, Dv=8, P=20, Bt=8, ts=(0, 10**5), seed=1)
     threads = torch.get_num_threads()
     try:
         torch.set_num_threads(1)

@@ -52,8 +52,6 @@ def test_ablation_grid_checks_and_step_budgets():
 
 
 def test_report_claims_read_the_newest_run_of_each_table(isolated_outputs):
-    from grlib.experiments import kernels_stage  # noqa: F401  (the checks the report reuses)
-
     cfg = load_config("smoke")
     base = {"op": "hstu_attention", "whole_batch": False, "regime": "scaled", "max_len": 1024, "batch": 8,
             "tokens": 100, "fill": 0.1, "fwd_ms": 1.0, "peak_mem_mb": 1.0, "gflops": 1.0, "frac_of_peak": 0.1}

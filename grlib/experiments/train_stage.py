@@ -24,7 +24,7 @@ from grlib.config import Config, TrainAblation
 from grlib.data.download import DownloadError
 from grlib.data.schema import FIRST_ITEM_ID
 from grlib.data.sequences import SequenceData
-from grlib.evaluate import evaluate, last_token_scores, popularity_scores, repeat_fraction
+from grlib.evaluate import evaluate, last_token_scores, popularity_scores, split_repeat_fraction
 from grlib.experiments import data_stage
 from grlib.model import build_model, parameter_count
 from grlib.train import train
@@ -55,7 +55,7 @@ def load_dataset(cfg: Config, name: str = "scale") -> Dataset:
         digest = hashlib.sha256(json.dumps(dataclasses.asdict(data_cfg), sort_keys=True).encode()).hexdigest()[:8]
         folder = data_stage.ensure_prepared(Config(scale=f"{cfg.scale}-{real}-{digest}", data=data_cfg))
     data = SequenceData.load(folder)
-    rep = max(repeat_fraction(data.eval_batches(s, 1024, cfg.data.max_len)) for s in ("val", "test"))
+    rep = split_repeat_fraction(data, cfg.data.max_len)
     return Dataset(real, data, mask_history=rep == 0.0, repeat_fraction=rep)
 
 

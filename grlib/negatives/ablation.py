@@ -41,6 +41,7 @@ from grlib import paths
 from grlib.config import Config, NegativesAblation, NegativesConfig
 from grlib.data.schema import FIRST_ITEM_ID
 from grlib.data.sequences import JaggedBatch, SequenceData
+from grlib.evaluate import split_repeat_fraction
 from grlib.negatives.memory import peak_bytes
 from grlib.negatives.path import build_negative_path, sample_stats
 from grlib.progress import progress
@@ -190,9 +191,10 @@ def measure_step_times(vs: list[Variant], cfg: Config, data: SequenceData, batch
     return {name: statistics.median(t) for name, t in times.items()}
 
 
-def measure_quality(v: Variant, cfg: Config, data: SequenceData, ab: NegativesAblation, seed: int) -> dict:
+def measure_quality(v: Variant, cfg: Config, data: SequenceData, ab: NegativesAblation, seed: int,
+                    mask_history: bool) -> dict:
     """Test NDCG@10 / HR@10 after the fixed budget (see module doc) with grlib.train.train."""
-    from grlib.evaluate import evaluate, last_token_scores, repeat_fraction
+    from grlib.evaluate import evaluate, last_token_scores
     from grlib.model import build_model
     from grlib.train import train
 
@@ -203,12 +205,10 @@ def measure_quality(v: Variant, cfg: Config, data: SequenceData, ab: NegativesAb
     model = build_model(cfg.model, data.n_items)
     fit = train(model, data, tcfg, cfg.data.max_len, v.negatives(cfg.negatives))
     ebs = cfg.train.eval_batch_size
-    # history masking only where no target repeats a history item (grlib.evaluate; the twin has repeats)
-    mask = max(repeat_fraction(data.eval_batches(s, ebs, cfg.data.max_len)) for s in ("val", "test")) == 0.0
     batches = data.eval_batches("test", ebs, cfg.data.max_len)
     if ab.eval_users:
         batches = islice(batches, math.ceil(ab.eval_users / ebs))
-    m = evaluate(last_token_scores(model), batches, mask_history=mask)
+    m = evaluate(last_token_scores(model), batches, mask_history=mask_history)
     return {"ndcg@10": m["ndcg@10"], "hr@10": m["hr@10"], "eval_users": m["users"], "train_steps": fit.steps,
             "final_loss": fit.losses[-1] if fit.losses else float("nan")}
 
@@ -224,6 +224,8 @@ def run_dataset(cfg: Config, ab: NegativesAblation, name: str, data: SequenceDat
     batches = fixed_batches(data, cfg, ab.timing_steps, seed)
     biggest = max(batches, key=lambda b: int((b.targets > 0).sum()))
     step_ms = measure_step_times(vs, cfg, data, batches, ab.timing_rounds, seed)
+    # history masking only where no target repeats a history item (grlib.evaluate; the twin has repeats)
+    mask = split_repeat_fraction(data, cfg.data.max_len) == 0.0
     rows = []
     for v in progress(vs, desc=f"{name}: memory + quality"):
         row = {"dataset": name, "variant": v.name, "sharing": v.sharing, "n_negatives": v.n_negatives,
@@ -231,7 +233,7 @@ def run_dataset(cfg: Config, ab: NegativesAblation, name: str, data: SequenceDat
                "step_ms": step_ms[v.name], **measure_memory(v, cfg, data, biggest, seed),
                **measure_stats(v, cfg, data, batches, seed)}
         seeds = (ab.seeds if v.all_seeds else ab.seeds[:1]) if v.trains else []
-        runs = [measure_quality(v, cfg, data, ab, s) for s in seeds]
+        runs = [measure_quality(v, cfg, data, ab, s, mask) for s in seeds]
         row["ndcg@10"], row["ndcg@10_std"] = _mean_std([r["ndcg@10"] for r in runs])
         row["hr@10"], _ = _mean_std([r["hr@10"] for r in runs])
         row["quality_seeds"] = ",".join(str(s) for s in seeds)
