@@ -13,8 +13,8 @@ from hypothesis import strategies as st
 from grlib.config import ConfigError, NegativesConfig, load_config
 from grlib.data.sequences import JaggedBatch
 from grlib.negatives import NegativeSample, build_negative_path, sample_stats, sampled_softmax_loss
-from grlib.negatives.samplers import (InBatchSampler, PopularitySampler, UniformSampler, build_sampler,
-                                      chi_square_pvalue)
+from grlib.negatives.samplers import (InBatchSampler, PopularitySampler, UniformSampler, alias_probabilities,
+                                      alias_table, build_sampler, chi_square_pvalue)
 
 
 class Table:
@@ -60,6 +60,38 @@ def test_popularity_sampler_chi_square_and_power():
     expected[:2] = 0
     assert chi_square_pvalue(observed, expected / expected.sum()) > 1e-3
     assert chi_square_pvalue(observed, UniformSampler(60).probabilities()) < 1e-9  # the test has power
+
+
+@settings(max_examples=60, deadline=None)
+@given(weights=st.lists(st.one_of(st.just(0.0), st.floats(1e-6, 1e6)), min_size=1, max_size=300),
+       rounds=st.sampled_from([0, 1, 64]))
+def test_alias_table_draws_exactly_q(weights, rounds):
+    """The alias table's implied distribution equals q, ids with q = 0 are never reachable; also when
+    the vectorised rounds stop early and Vose's loop finishes the pairing (rounds 0 and 1)."""
+    w = np.asarray(weights)
+    if w.sum() == 0:
+        w[0] = 1.0
+    q = w / w.sum()
+    prob, alias = alias_table(q, max_rounds=rounds)
+    assert np.all((prob >= 0) & (prob <= 1)) and np.all((alias >= 0) & (alias < len(q)))
+    np.testing.assert_allclose(alias_probabilities(prob, alias), q, rtol=0, atol=1e-12)
+    zero = q == 0
+    assert not (prob[zero] > 0).any() and not zero[alias[prob < 1]].any()
+
+
+def test_popularity_sampler_heavy_head_and_int32():
+    """A Zipf head (one item holds half the mass) over 20k items: draws in int32 follow Q."""
+    V = 20_000
+    counts = np.zeros(V)
+    counts[2:] = 1.0
+    counts[7] = V  # half of the smoothed mass
+    s = PopularitySampler(V, counts)
+    ids = s.draw((300, 1000), torch.empty(0, dtype=torch.int64), torch.Generator().manual_seed(3), torch.int32)
+    assert ids.dtype == torch.int32 and ids.shape == (300, 1000) and ids.min() >= 2
+    observed = torch.bincount(ids.flatten().long(), minlength=V)
+    assert abs(observed[7] / ids.numel() - float(s.q[7])) < 4 * (0.25 / ids.numel()) ** 0.5
+    coarse = torch.stack([observed[7], observed.sum() - observed[7] - observed[:2].sum()])
+    assert chi_square_pvalue(coarse, torch.stack([s.q[7], 1 - s.q[7]])) > 1e-3
 
 
 def test_in_batch_sampler_follows_the_batch_targets():
@@ -258,4 +290,6 @@ def test_sample_stats_counts_rows_and_negatives():
     s, p = sample_stats(shared), sample_stats(per_token)
     assert s["tokens"] == p["tokens"] == 3
     assert s["negative_rows"] == 64 and p["negative_rows"] == 3 * 64
-    assert 60 <= s["negatives_per_token"] <= 64 and s["distinct_negatives_per_token"] <= 17
+    hits = (shared.ids[None, :] == shared.targets[:, None]).sum(1).double()  # [P] accidental hits
+    assert s["negatives_per_token"] == pytest.approx(float((64 - hits).mean()))
+    assert 0 < hits.sum() and s["distinct_negatives_per_token"] <= 17  # 64 draws over 18 ids: hits happen

@@ -2,9 +2,12 @@
 surface in the training loop, bounded look-ahead, clean shutdown (no thread left behind)."""
 from __future__ import annotations
 
+import os
 import threading
 import time
+from itertools import islice
 
+import numpy as np
 import pytest
 import torch
 
@@ -127,3 +130,29 @@ def test_dropping_the_wrapped_iterator_or_closing_the_path_stops_the_worker():
 def test_depth_must_be_positive():
     with pytest.raises(ValueError, match="depth"):
         PrefetchWorker([], lambda b: b, depth=0)
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="counts OS threads through /proc (Linux only)")
+@pytest.mark.parametrize("sharing,sampler", [("per-token", "popularity"), ("per-token", "uniform"),
+                                             ("shared", "in-batch"), ("per-token", "in-batch")])
+def test_sampling_in_a_thread_starts_no_thread_pool(smoke, sharing, sampler):
+    """What the async worker runs starts no OpenMP team of its own: two extra spinning threads make
+    libgomp throttle every parallel region of the training threads (async step 1.1-1.2x pre-sampled
+    on 2 cores before the samplers moved to numpy)."""
+    cfg, data = smoke
+    neg = cfg.replace({"negatives.sharing": sharing, "negatives.sampler": sampler}).negatives
+    path = build_negative_path(neg, data.n_items, data.train_item_counts())
+    batches = list(islice(data.train_batches(64, cfg.data.max_len, np.random.default_rng(0)), 3))
+    (torch.randn(1 << 21) * 2).sum()  # the main thread's team exists before counting
+    before = len(os.listdir("/proc/self/task"))
+    seen: list[int] = []
+
+    def work():
+        for b in batches:
+            path.sample(b)
+        seen.append(len(os.listdir("/proc/self/task")))
+
+    th = threading.Thread(target=work)
+    th.start()
+    th.join()
+    assert seen == [before + 1]  # the worker itself, nothing more

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import queue
 import threading
+import time
 from collections.abc import Callable, Iterable, Iterator
 from typing import Generic, TypeVar
 
@@ -49,13 +50,12 @@ class PrefetchWorker(Generic[B, S]):
         self._thread.start()
 
     def _put(self, item: object) -> bool:
-        while not self._stop.is_set():
-            try:
-                self._queue.put(item, timeout=_POLL_S)
-                return True
-            except queue.Full:
-                continue
-        return False
+        """Blocks until there is room (no polling: a worker that wakes every few ms to retry takes
+        the GIL and a core from the training threads). close() drains the queue, which unblocks it."""
+        if self._stop.is_set():
+            return False
+        self._queue.put(item)
+        return not self._stop.is_set()
 
     def _run(self) -> None:
         index = 0
@@ -93,6 +93,13 @@ class PrefetchWorker(Generic[B, S]):
             ) from got.exc
         return got
 
+    def _drain(self) -> None:
+        while True:
+            try:
+                self._queue.get_nowait()
+            except queue.Empty:
+                return
+
     @property
     def alive(self) -> bool:
         return self._thread.is_alive()
@@ -100,13 +107,11 @@ class PrefetchWorker(Generic[B, S]):
     def close(self, timeout: float = 30.0) -> None:
         """Stops the worker and joins it (idempotent). Raises if it does not stop within `timeout`."""
         self._stop.set()
-        while True:  # unblock a worker waiting on a full queue
-            try:
-                self._queue.get_nowait()
-            except queue.Empty:
-                break
         if self._thread is not threading.current_thread():
-            self._thread.join(timeout)
+            deadline = time.monotonic() + timeout
+            while self._thread.is_alive() and time.monotonic() < deadline:
+                self._drain()  # unblock a worker waiting on a full queue (it puts at most once more)
+                self._thread.join(_POLL_S)
             if self._thread.is_alive():
                 raise NegativeSamplerError(f"the negative sampler worker did not stop within {timeout} s")
         self._finished = True

@@ -65,8 +65,10 @@ class NegativePath:
 
     # --- sampling (off the critical path when async) -------------------------------------------
     def sample(self, batch: JaggedBatch) -> NegativeSample:
-        keep = torch.nonzero(batch.targets > 0).squeeze(1)  # [P]
-        targets = batch.targets[keep]  # [P]
+        """Runs in the async worker: numpy only, no torch kernel (see grlib.negatives.samplers)."""
+        t = batch.targets.numpy()  # [T] (CPU)
+        keep_np = np.flatnonzero(t > 0)  # [P]
+        keep, targets = torch.from_numpy(keep_np), torch.from_numpy(t[keep_np])  # [P], [P]
         R = self.cfg.n_negatives
         with self._lock:
             if self.cfg.sharing == "shared":
@@ -75,9 +77,8 @@ class NegativePath:
                 else:
                     ids = self.sampler.draw((R,), targets, self.generator)  # [R]
             else:
-                ids = self.sampler.draw((targets.numel(), R), targets, self.generator)  # [P, R]
-                if self.n_items < 2**31:
-                    ids = ids.int()  # int32: half the bytes of the largest id tensor
+                small = torch.int32 if self.n_items < 2**31 else torch.int64  # half the bytes of [P, R]
+                ids = self.sampler.draw((targets.numel(), R), targets, self.generator, small)  # [P, R]
         return NegativeSample(keep, targets, ids)
 
     def attach(self, batch: JaggedBatch, sample: NegativeSample) -> None:

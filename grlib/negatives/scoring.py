@@ -34,7 +34,10 @@ from torch import Tensor
 
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 MASKED = -1e9  # logit of a masked negative: exp() underflows to exactly 0; unlike -inf, no NaN gradient
-CHUNK_PER_TOKEN = 1 << 17  # [c, R, d] FP32 gradient elements per per-token chunk (512 KB)
+# [c, R, d] FP32 gradient elements per per-token chunk: 1/64 of the held rows, within [512 KB, 16 MB]
+# (fewer, larger chunks: each chunk is a few parallel regions, and thousands of tiny ones make the
+# backward sensitive to any other thread on the machine, e.g. the async sampler's)
+CHUNK_PER_TOKEN = (1 << 17, 1 << 22)
 CHUNK_SHARED = 1 << 20  # [c, R] logits per shared chunk: 4 MB in FP32 (fewer rows in half, see _shared_budget)
 
 
@@ -96,7 +99,8 @@ class PerTokenSoftmax(torch.autograd.Function):
                 del gh, scale
         if ctx.needs_input_grad[1]:
             grad_table = torch.zeros(ctx.n_items, d, dtype=u.dtype, device=u.device)  # [V, d]
-            for s, e in _chunks(P, R * d, CHUNK_PER_TOKEN):
+            lo, hi = CHUNK_PER_TOKEN
+            for s, e in _chunks(P, R * d, min(hi, max(lo, P * R * d // 64))):
                 contrib = g[s:e].unsqueeze(-1) * u[s:e].unsqueeze(1)  # [c, R, d] fp32
                 grad_table.index_add_(0, ids[s:e].reshape(-1), contrib.reshape(-1, d))
                 del contrib  # before the next chunk's is made
