@@ -12,6 +12,9 @@ length), N heads of dim D, hidden H = d_model:
 attention by the [N*D, H] weight, so it is 2*s*N*D*H: counted here as such.) SASRec counts the
 same way: Q,K,V,O projections 2*s*4*H*H, feed-forward 2*2*s*H*F, softmax attention on the causal
 triangle. Embedding lookups and the loss are not counted (recsys-examples does not count them).
+`loss_flops` gives the sampled softmax's logit products apart (2*P*R*d, x3 with backward; as
+Megatron counts the LM head), so a report can show how much of a step goes to work that the HSTU
+formula leaves out; MFU itself stays on the HSTU formula.
 
 MFU = useful FLOPs per second / peak FLOP/s. The peak is measured: a warm fp32 GEMM benchmark
 (median of repeats, best of a few square sizes; a cold first GEMM reads about half), cached per
@@ -52,6 +55,12 @@ def sequence_flops(lengths: np.ndarray | torch.Tensor, cfg: ModelConfig, backwar
     if backward:
         gemm, attn = 3 * gemm, 3.5 * attn
     return float(cfg.n_layers * (gemm + attn + other).sum())
+
+
+def loss_flops(n_tokens: int, n_negatives: int, d_model: int, backward: bool = True) -> float:
+    """Logit products of the sampled softmax: P tokens x R negatives x d (per-token or shared pool
+    alike); x3 with backward (dL/du and dL/dE). The backward's recomputed logits are not counted."""
+    return 2.0 * n_tokens * n_negatives * d_model * (3 if backward else 1)
 
 
 def batch_flops(offsets: torch.Tensor, cfg: ModelConfig, backward: bool = True) -> float:

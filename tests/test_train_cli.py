@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from grlib.cli import main
 
 
@@ -35,6 +37,9 @@ def test_bench_train_smoke(isolated_outputs):
         for key in ("mfu", "tokens_per_s", "step_ms", "flops_per_step", "peak_flops"):
             assert r[key] > 0, key
         assert r["peak_flops"] >= max(r["peak_before"], r["peak_after"])
+        # the loss's logit products (2 P R d, x3) are reported apart from the HSTU-formula MFU
+        assert r["loss_flops_per_step"] > 0
+        assert r["mfu_with_loss"] == pytest.approx(r["mfu"] * (1 + r["loss_flops_per_step"] / r["flops_per_step"]))
 
 
 def test_params_only_reports_the_paper_preset(capsys):

@@ -4,7 +4,8 @@ MFU = useful FLOPs (grlib.perf, recsys-examples' HSTU formula on the real length
 whole training steps (data, forward, loss, backward, optimizer) / the fp32 GEMM peak measured
 warm in the same run (before and after the steps; the higher one is used). The baselines of the
 same run: the `reference` (padded) attention, and the model's own projection GEMM shapes timed
-alone (`gemm_share_of_peak`: what the projections reach by themselves). Rows go to
+alone (`gemm_share_of_peak`: what the projections reach by themselves). `mfu_with_loss` adds the
+sampled softmax's logit products (perf.loss_flops), which the HSTU formula leaves out. Rows go to
 results/tables/bench_train.parquet.
 """
 from __future__ import annotations
@@ -31,6 +32,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--warmup", type=int, default=2, help="untimed steps first")
     p.add_argument("--impls", default="all", help="comma-separated hstu_attention impls (default: all that run on CPU)")
     p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
+    p.add_argument("-o", "--override", action="append", default=[], metavar="KEY=VALUE",
+                   help="config override on top of the scale, e.g. -o model.d_model=512 (MFU at another shape)")
 
 
 def _batches(cfg, n: int):
@@ -66,7 +69,9 @@ def _time_steps(cfg, data, batches, warmup: int) -> list[dict]:
             opt.step()
             t.append(time.perf_counter())
             if i >= warmup:
+                P = int((batch.targets > 0).sum())
                 records.append({"tokens": batch.item_ids.numel(), "flops": perf.batch_flops(batch.offsets, cfg.model),
+                                "loss_flops": perf.loss_flops(P, cfg.negatives.n_negatives, cfg.model.d_model),
                                 "forward_s": t[1] - t[0], "loss_s": t[2] - t[1], "backward_s": t[3] - t[2],
                                 "optimizer_s": t[4] - t[3]})
     finally:
@@ -83,7 +88,9 @@ def _gemm_share(T: int, d: int, peak: float) -> float:
 
 def run(args: argparse.Namespace) -> list[dict]:
     set_threads(args.threads)
-    cfg = load_config(args.scale or "laptop", {"model.name": "hstu"})
+    from grlib.train.cli import parse_overrides
+
+    cfg = load_config(args.scale or "laptop", {**parse_overrides(args.override), "model.name": "hstu"})
     impls = ops.runnable("hstu_attention", "cpu") if args.impls == "all" else tuple(args.impls.split(","))
     auto = ops.choose("hstu_attention", "cpu", "auto")
     data, batches = _batches(cfg, args.warmup + args.steps)
@@ -109,12 +116,14 @@ def run(args: argparse.Namespace) -> list[dict]:
             **{f"{p}_share": sum(r[f"{p}_s"] for r in recs) / total_s for p in PHASES if p != "data"},
             "peak_flops": peak, "peak_before": peaks[0], "peak_after": peaks[1], "gemm_share_of_peak": gemm,
             "mfu": perf.mfu(flops, total_s, peak), "threads": torch.get_num_threads(),
+            "loss_flops_per_step": sum(r["loss_flops"] for r in recs) / len(recs),
+            "mfu_with_loss": perf.mfu(flops + sum(r["loss_flops"] for r in recs), total_s, peak),
         })
     for row in rows:
         row["speedup_vs_reference"] = base / row["step_ms"] if base else float("nan")
     print_table([{k: r[k] for k in ("attention_impl", "auto", "tokens_per_step", "step_ms", "tokens_per_s",
                                     "forward_share", "loss_share", "backward_share", "optimizer_share",
-                                    "gemm_share_of_peak", "mfu", "speedup_vs_reference")} for r in rows],
+                                    "gemm_share_of_peak", "mfu", "mfu_with_loss", "speedup_vs_reference")} for r in rows],
                 f"bench train: scale {cfg.scale}, HSTU {cfg.model.n_layers}x{cfg.model.n_heads} d={cfg.model.d_model}, "
                 f"{count}; batch {cfg.train.batch_size} x max_len {cfg.data.max_len}; "
                 f"peak {peak / 1e9:.1f} GFLOP/s (fp32 GEMM, measured before/after: "

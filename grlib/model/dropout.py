@@ -1,0 +1,67 @@
+"""Dropout whose mask comes from 16-bit random words: 6x cheaper than nn.Dropout on CPU.
+
+torch's CPU dropout draws one Bernoulli variate per element through a serial generator (about
+12 ms for a [6900, 256] activation here, 12% of a laptop training step of HSTU). Here one 64-bit
+word of the same default generator gives four 16-bit words r, and an element is dropped when
+r < k = round(p * 65536): the drop probability is k / 65536 (within 2**-17 of p), and the kept
+elements are scaled by 1 / (1 - k / 65536), so E[dropout(x)] = x exactly. Deterministic under
+torch.manual_seed and restored with torch's RNG state (grlib.train.checkpoint), like nn.Dropout.
+Only the bool mask [*] is kept for the backward.
+"""
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+WORDS = 1 << 16
+
+
+def drop_count(p: float) -> int:
+    """k: an element is dropped with probability k / 65536."""
+    if not 0.0 <= p <= 1.0:
+        raise ValueError(f"dropout probability must be in [0, 1], got {p}")
+    return round(p * WORDS)
+
+
+def keep_mask(shape: torch.Size, p: float, device: torch.device | str = "cpu") -> Tensor:
+    """[shape] bool, True with probability 1 - drop_count(p) / 65536."""
+    n = shape.numel()
+    words = torch.empty((n + 3) // 4, dtype=torch.int64, device=device).random_(-(2**63), None)  # [ceil(n / 4)], all 64 bits
+    r = words.view(torch.int16)[:n].view(shape)  # [shape] uniform over [-32768, 32767]
+    return r >= drop_count(p) - WORDS // 2
+
+
+class _FastDropout(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x: Tensor, p: float) -> Tensor:
+        k = drop_count(p)
+        mask = keep_mask(x.shape, p, x.device)  # [*] (all False when p = 1)
+        ctx.scale = WORDS / (WORDS - k) if k < WORDS else 0.0
+        ctx.save_for_backward(mask)
+        return x * mask * ctx.scale
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):
+        (mask,) = ctx.saved_tensors
+        return grad * mask * ctx.scale, None
+
+
+def fast_dropout(x: Tensor, p: float, training: bool = True) -> Tensor:
+    if not training or p == 0.0:
+        return x
+    return _FastDropout.apply(x, p)
+
+
+class FastDropout(nn.Module):
+    """Drop-in for nn.Dropout (see the module doc for the 2**-17 quantisation of p)."""
+
+    def __init__(self, p: float = 0.5):
+        super().__init__()
+        drop_count(p)  # validates
+        self.p = p
+
+    def forward(self, x: Tensor) -> Tensor:
+        return fast_dropout(x, self.p, self.training)
+
+    def extra_repr(self) -> str:
+        return f"p={self.p}"
