@@ -105,7 +105,7 @@ def run(args: argparse.Namespace) -> list[dict]:
     rows, base = [], None
     for impl, recs in timed.items():
         step_s = [sum(r[f"{p}_s"] for p in PHASES if p != "data") for r in recs]
-        total_s, flops = sum(step_s), sum(r["flops"] for r in recs)
+        total_s, flops, loss_flops = sum(step_s), sum(r["flops"] for r in recs), sum(r["loss_flops"] for r in recs)
         step_ms = statistics.median(step_s) * 1e3
         base = step_ms if impl == "reference" else base
         rows.append({
@@ -116,8 +116,7 @@ def run(args: argparse.Namespace) -> list[dict]:
             **{f"{p}_share": sum(r[f"{p}_s"] for r in recs) / total_s for p in PHASES if p != "data"},
             "peak_flops": peak, "peak_before": peaks[0], "peak_after": peaks[1], "gemm_share_of_peak": gemm,
             "mfu": perf.mfu(flops, total_s, peak), "threads": torch.get_num_threads(),
-            "loss_flops_per_step": sum(r["loss_flops"] for r in recs) / len(recs),
-            "mfu_with_loss": perf.mfu(flops + sum(r["loss_flops"] for r in recs), total_s, peak),
+            "loss_flops_per_step": loss_flops / len(recs), "mfu_with_loss": perf.mfu(flops + loss_flops, total_s, peak),
         })
     for row in rows:
         row["speedup_vs_reference"] = base / row["step_ms"] if base else float("nan")

@@ -4,7 +4,7 @@ One layer (pointwise SiLU attention, no softmax; meta-recsys/generative-recommen
 
     U, V, Q, K = split(SiLU(W1 . LayerNorm(X) + b1))          # fused projection, [T, 4d]
     A = hstu_attention(Q, K, V)                               # grlib.ops: causal, rel. pos/time bias, / max_len
-    Y = X + W2 . Dropout(LayerNorm(A) * U) + b2               # gated output (fused LN * U), residual
+    Y = X + W2 . Dropout(LayerNorm(A) * U) + b2               # gated output, residual
 
 Dropout is grlib.model.dropout.FastDropout (16-bit random words; nn.Dropout's serial Bernoulli
 draws took 12% of a laptop training step).
@@ -48,7 +48,7 @@ class HSTULayer(nn.Module):
         attn = ops.hstu_attention(q.reshape(shape), k.reshape(shape), v.reshape(shape), batch.offsets,
                                   batch.max_len, pos_bias=self.pos_bias, time_bias=self.time_bias,
                                   timestamps=batch.timestamps, impl=self.impl)  # [T, H, dh]
-        y = self.norm_attn(attn.reshape(T, -1)) * u  # XX
+        y = self.norm_attn(attn.reshape(T, -1)) * u  # [T, d]
         return x + self.out(self.dropout(y))
 
 

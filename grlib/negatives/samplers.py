@@ -151,7 +151,9 @@ class PopularitySampler(Sampler):
         self.q = smoothed / smoothed.sum()  # [V] float64
         self.logq = torch.log(self.q).float()  # [V] (-inf for pad / OOV, never drawn)
         self.prob, alias = alias_table(self.q.numpy())  # [V] float64, [V] int64
-        self.alias = {np.int64: alias, np.int32: alias.astype(np.int32) if n_items < 2**31 else None}
+        self.alias = {np.int64: alias}  # per id dtype, so a draw indexes without a conversion
+        if n_items < 2**31:
+            self.alias[np.int32] = alias.astype(np.int32)
 
     def draw(self, shape, targets, generator, dtype=torch.int64):
         nd = _np_dtype(dtype, self.n_items)
