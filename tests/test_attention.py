@@ -175,6 +175,79 @@ def test_gradcheck_float64_compiled_kernel():
     assert torch.autograd.gradcheck(fn, inputs)
 
 
+def _strided(t: torch.Tensor, pad: int) -> torch.Tensor:
+    """The same values as a view whose rows are `pad` elements wider (a chunk of a wider tensor)."""
+    T = t.shape[0]
+    if T == 0:
+        return t
+    wide = torch.cat([t.reshape(T, -1), torch.full((T, pad), float("nan"), dtype=t.dtype)], 1)
+    return wide[:, :t[0].numel()].view(t.shape)
+
+
+@settings(max_examples=60)
+@given(case=batches(dtypes=(torch.float32,)), mode=st.sampled_from([1, 2]), pad=st.sampled_from([0, 3, 64]))
+def test_backward_forms_match_reference_on_strided_inputs(case, mode, pad):
+    """Both backward forms of the compiled kernel (1: one pass per (sequence, head); 2: two passes per
+    tile) against the float64 reference, with q, k, v and dO given as strided views (rows wider than
+    H x D, NaN in the gaps: a value read from outside the view would show)."""
+    import grlib.ops.cpu_attention  # noqa: F401
+    from grlib.ops.attention import default_alpha
+
+    exact = _run(case, "reference", torch.float64)
+    g = torch.randn(exact[0].shape, generator=torch.Generator().manual_seed(1))  # the dO of _run
+    alpha = case["alpha"] if case["alpha"] is not None else default_alpha(case["q"].shape[2])
+    time = case["time_bias"]
+    got = torch.ops.grlib.hstu_attention_backward(
+        _strided(g, pad), *(_strided(case[n], pad) for n in ("q", "k", "v")), case["offsets"], case["max_len"],
+        alpha, case["pos_bias"], time, case["timestamps"] if time is not None else None, mode)
+    for name, a, b in zip(["dq", "dk", "dv", "dpos_bias", "dtime_bias"], got, exact[1:]):
+        if b is None:
+            assert a.numel() == 0, name
+            continue
+        assert a.is_contiguous(), name
+        torch.testing.assert_close(a.double(), b, **_tol(torch.float32, b, table=name.endswith("bias")),
+                                   msg=lambda m: f"mode {mode} {name}: {m}")
+    out = torch.ops.grlib.hstu_attention(*(_strided(case[n], pad) for n in ("q", "k", "v")), case["offsets"],
+                                         case["max_len"], alpha, case["pos_bias"], time,
+                                         case["timestamps"] if time is not None else None)
+    torch.testing.assert_close(out.double(), exact[0], **_tol(torch.float32, exact[0]))
+
+
+@pytest.mark.parametrize("mode", [1, 2])
+def test_backward_forms_on_long_sequences(mode):
+    """Several 64-token tiles per sequence (partial last tiles), 8 heads, all biases, both forms."""
+    import grlib.ops.cpu_attention  # noqa: F401
+    from grlib.ops.attention import default_alpha
+
+    case = _random_case([200, 0, 1, 130, 64, 129], H=8, D=13, Dv=7, P=70, Bt=16, ts=(-10**6, 10**6), seed=2)
+    exact = _run(case, "reference", torch.float64)
+    g = torch.randn(exact[0].shape, generator=torch.Generator().manual_seed(1))
+    got = torch.ops.grlib.hstu_attention_backward(
+        g, case["q"], case["k"], case["v"], case["offsets"], case["max_len"], default_alpha(13), case["pos_bias"],
+        case["time_bias"], case["timestamps"], mode)
+    for name, a, b in zip(["dq", "dk", "dv", "dpos_bias", "dtime_bias"], got, exact[1:]):
+        torch.testing.assert_close(a.double(), b, **_tol(torch.float32, b, table=name.endswith("bias")),
+                                   msg=lambda m: f"mode {mode} {name}: {m}")
+
+
+@pytest.mark.parametrize("mode", [1, 2])
+def test_backward_is_bitwise_deterministic(mode):
+    """Tasks run in whatever order the workers take them; the gradients (the bias tables' sums
+    included) must not depend on it: exact resume and seeded runs rely on that."""
+    import grlib.ops.cpu_attention  # noqa: F401
+
+    g = torch.Generator().manual_seed(0)
+    lengths = torch.randint(1, 100, (24,), generator=g)
+    case = _random_case(lengths.tolist(), H=2, D=16, Dv=16, P=128, Bt=32, ts=(0, 10**6), seed=4)
+    grad = torch.randn(case["q"].shape, generator=g)
+    args = (grad, case["q"], case["k"], case["v"], case["offsets"], case["max_len"], 0.25, case["pos_bias"],
+            case["time_bias"], case["timestamps"], mode)
+    first = torch.ops.grlib.hstu_attention_backward(*args)
+    for _ in range(20):
+        for a, b in zip(torch.ops.grlib.hstu_attention_backward(*args), first):
+            assert torch.equal(a, b)
+
+
 def test_opcheck_compiled_kernel():
     """Schema, fake (meta) implementations and the autograd registration agree with the kernel."""
     import grlib.ops.cpu_attention  # noqa: F401

@@ -235,6 +235,28 @@ def test_half_precision_within_tolerance_of_fp32(case, precision):
         assert float((a - b).norm()) <= 5 * 20 * u * float(b.norm()) + 1e-7
 
 
+def test_fused_shared_loss_scales_with_the_upstream_gradient_and_skips_work_without_grad():
+    """The FP32 shared path makes its gradients in the forward pass: a scaled loss, a second backward
+    (retain_graph) and no_grad must all give what the unfused lse + sampled_softmax gives."""
+    from grlib.negatives.scoring import sampled_softmax, shared_lse, shared_softmax_loss
+    g = torch.Generator().manual_seed(3)
+    P, R, d, V = 1200, 2000, 8, 60  # P > the 524 rows of a 2**20-logit chunk: three chunks
+    u = torch.randn(P, d, generator=g).requires_grad_()
+    pool = torch.randn(R, d, generator=g).requires_grad_()
+    pos = torch.randn(P, generator=g).requires_grad_()
+    ids, targets = torch.randint(0, V, (R,), generator=g), torch.randint(0, V, (P,), generator=g)
+    ref = sampled_softmax(pos, shared_lse(u, pool, ids, targets)) * 3.0
+    expect = torch.autograd.grad(ref, [u, pool, pos])
+    fused = shared_softmax_loss(u, pool, pos, ids, targets) * 3.0
+    torch.testing.assert_close(fused, ref)
+    for _ in range(2):  # the held gradients are not consumed or modified by a backward
+        got = torch.autograd.grad(fused, [u, pool, pos], retain_graph=True)
+        for a, b in zip(got, expect):
+            torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-7)
+    with torch.no_grad():
+        torch.testing.assert_close(shared_softmax_loss(u, pool, pos, ids, targets) * 3.0, ref.detach())
+
+
 def test_shared_pool_equals_per_token_when_the_pools_coincide():
     g = torch.Generator().manual_seed(7)
     V, d, T, R = 50, 16, 40, 12

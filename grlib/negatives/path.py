@@ -27,7 +27,7 @@ from grlib.config import NegativesConfig
 from grlib.data.sequences import JaggedBatch
 from grlib.negatives.offload import PrefetchWorker
 from grlib.negatives.samplers import InBatchSampler, Sampler, build_sampler
-from grlib.negatives.scoring import per_token_lse, sampled_softmax, shared_lse
+from grlib.negatives.scoring import per_token_lse, sampled_softmax, shared_lse, shared_softmax_loss
 
 
 @dataclass
@@ -118,6 +118,8 @@ class NegativePath:
             pos = pos - logq[s.targets]
         if s.shared:
             pool = table.index_select(0, s.ids)  # [R, d]: R rows for the whole batch
+            if self.cfg.precision == "fp32":  # gradients made in the forward pass: no recomputed logits
+                return shared_softmax_loss(u, pool, pos, s.ids, s.targets, logq)
             lse = shared_lse(u, pool, s.ids, s.targets, logq, self.cfg.precision)  # [P]
         else:
             lse = per_token_lse(u, table, s.ids, s.targets, logq, self.cfg.precision)  # [P]

@@ -15,9 +15,12 @@ The loss is mean_p(logaddexp(pos[p], lse[p]) - pos[p]) (`sampled_softmax`).
 Memory: no [P, R] tensor is held between forward and backward (forward keeps lse [P]; backward
 recomputes the logits, cheap next to the lookups), the shared path never materialises all [P, R]
 logits at once (it works in chunks of tokens), and the per-token table gradient is accumulated in
-chunks (no [P, R, d] FP32 tensor). What stays alive between forward and backward is
+chunks (no [P, R, d] FP32 tensor). In FP32 the shared path is fused with the loss
+(SharedSoftmaxLoss): the scalar loss's gradients are made in the forward pass, chunk by chunk, so
+nothing is recomputed and the held grad_u [P, d] and grad_pool [R, d] take the place of u and the
+pool. What stays alive between forward and backward is
   per-token   the looked-up rows E[ids] [P, R, d] (in `dtype`), ids [P, R] (int32), u [P, d]
-  shared      the pool rows [R, d] and u [P, d] (both in `dtype`)
+  shared      the pool rows [R, d] and u [P, d] (both in `dtype`; FP32: their gradients)
 so half precision halves the dominant per-token term (jaggedness-aware FP16: only the P valid
 tokens' rows are held). The product runs in the half format (the GEMM accumulates in FP32 inside
 the kernel; its output is rounded to the half format on CPU and written in FP32 on CUDA through
@@ -141,6 +144,47 @@ class SharedSoftmax(torch.autograd.Function):
         return grad_u, grad_pool, None, None, None, None
 
 
+class SharedSoftmaxLoss(torch.autograd.Function):
+    """The FP32 shared path fused with the loss: u [P, d], pool [R, d], pos [P] (all fp32),
+    pool_ids [R], targets [P], logq [V] | None -> the scalar sampled_softmax(pos, lse).
+
+    The loss is a scalar, so its gradients are known in the forward pass: each chunk's logits are
+    turned into dL/dlogit while they are still in cache, and the two gradient GEMMs run there
+    (dL/du = G . pool, dL/dpool = G^T . u). Backward only scales the held grad_u [P, d],
+    grad_pool [R, d] and grad_pos [P] by the upstream gradient. That saves the backward's
+    recomputed [P, d] x [d, R] logits GEMM (a third of the loss's work) and holds exactly the bytes
+    of the unfused path (u and pool, now their gradients); the half formats keep SharedSoftmax,
+    which holds the half copies instead (the jaggedness-aware memory saving)."""
+
+    @staticmethod
+    def forward(ctx, u, pool, pos, pool_ids, targets, logq):
+        P, R = u.shape[0], pool.shape[0]
+        u, pool, pos = u.detach(), pool.detach(), pos.detach()
+        grads = any(ctx.needs_input_grad[:3])
+        lse = torch.empty(P, dtype=torch.float32, device=u.device)  # [P]
+        grad_u = torch.empty_like(u) if grads else None  # [P, d]
+        grad_pool = torch.zeros_like(pool) if grads else None  # [R, d]
+        grad_pos = torch.empty_like(pos) if grads else None  # [P]
+        for s, e in _chunks(P, R, CHUNK_SHARED):
+            logits = _mask(u[s:e] @ pool.T, pool_ids, targets[s:e], logq)  # [c, R]
+            lse[s:e] = torch.logsumexp(logits, dim=1)
+            if grads:  # dL/dlse = sigmoid(lse - pos) / P = -dL/dpos; dL/dlogit = softmax * dL/dlse
+                w = torch.sigmoid(lse[s:e] - pos[s:e]).div_(P)  # [c]
+                grad_pos[s:e] = -w
+                g = logits.sub_(lse[s:e, None]).exp_().mul_(w[:, None])  # [c, R]
+                torch.mm(g, pool, out=grad_u[s:e])
+                grad_pool.addmm_(g.T, u[s:e])
+        ctx.save_for_backward(grad_u, grad_pool, grad_pos)
+        if P == 0:
+            return lse.sum()  # 0.0, as sampled_softmax gives for no tokens
+        return (torch.logaddexp(pos, lse) - pos).mean()
+
+    @staticmethod
+    def backward(ctx, grad):  # grad [] = dL_total/dL
+        grad_u, grad_pool, grad_pos = ctx.saved_tensors
+        return grad_u * grad, grad_pool * grad, grad_pos * grad, None, None, None
+
+
 def per_token_lse(u: Tensor, table: Tensor, ids: Tensor, targets: Tensor, logq: Tensor | None = None,
                   precision: str = "fp32") -> Tensor:
     return PerTokenSoftmax.apply(u, table, ids, targets, logq, DTYPES[precision])
@@ -149,6 +193,12 @@ def per_token_lse(u: Tensor, table: Tensor, ids: Tensor, targets: Tensor, logq: 
 def shared_lse(u: Tensor, pool: Tensor, pool_ids: Tensor, targets: Tensor, logq: Tensor | None = None,
                precision: str = "fp32") -> Tensor:
     return SharedSoftmax.apply(u, pool, pool_ids, targets, logq, DTYPES[precision])
+
+
+def shared_softmax_loss(u: Tensor, pool: Tensor, pos: Tensor, pool_ids: Tensor, targets: Tensor,
+                        logq: Tensor | None = None) -> Tensor:
+    """sampled_softmax(pos, shared_lse(u, pool, ...)) in FP32, fused (SharedSoftmaxLoss)."""
+    return SharedSoftmaxLoss.apply(u, pool, pos, pool_ids, targets, logq)
 
 
 def sampled_softmax(pos: Tensor, lse: Tensor) -> Tensor:

@@ -21,11 +21,11 @@ def _(q, k, v, offsets, max_len, alpha, pos_bias, time_bias, timestamps) -> Tens
 
 
 @torch.library.register_fake("grlib::hstu_attention_backward")
-def _(grad, q, k, v, offsets, max_len, alpha, pos_bias, time_bias, timestamps):
+def _(grad, q, k, v, offsets, max_len, alpha, pos_bias, time_bias, timestamps, mode=0):
     def bias_grad(table):
         return q.new_empty((0,)) if table is None else table.new_empty(table.shape)
 
-    return (q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape),
+    return (q.new_empty(q.shape).contiguous(), k.new_empty(k.shape).contiguous(), v.new_empty(v.shape).contiguous(),
             bias_grad(pos_bias), bias_grad(time_bias))
 
 
@@ -38,7 +38,7 @@ def _setup(ctx, inputs, output) -> None:
 def _backward(ctx, grad: Tensor):
     q, k, v, offsets, pos_bias, time_bias, timestamps = ctx.saved_tensors
     dq, dk, dv, dpos, dtime = _ops.hstu_attention_backward(
-        grad.contiguous(), q, k, v, offsets, ctx.max_len, ctx.alpha, pos_bias, time_bias, timestamps)
+        grad, q, k, v, offsets, ctx.max_len, ctx.alpha, pos_bias, time_bias, timestamps)
     return (dq, dk, dv, None, None, None,
             dpos if pos_bias is not None else None, dtime if time_bias is not None else None, None)
 

@@ -11,9 +11,11 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
+import grlib.ops.cpu  # noqa: F401  (loads grlib._C: torch.ops.grlib.lazy_adam_)
 from grlib.config import TrainConfig
 from grlib.model.embeddings import embedding_parameters
 
+KERNEL_DTYPES = (torch.float32, torch.float64)  # tables the CPU kernel updates (others: the reference)
 BETAS = (0.9, 0.98)  # HSTU public training (generative-recommenders): Adam, betas (0.9, 0.98)
 
 
@@ -38,17 +40,29 @@ class LazyAdam(torch.optim.Optimizer):
                     # per-row step counts; the key "step" keeps torch's load_state_dict from casting them
                     # to the parameter's dtype (float32 counts would change the bias corrections after resume)
                     state["step"] = torch.zeros(p.shape[0], dtype=torch.float64, device=p.device)
-                touched = p.grad.ne(0).any(dim=1)  # [V]
-                n_touched = int(touched.sum())
-                if n_touched == 0:
-                    continue
-                if n_touched == p.shape[0]:  # every row: update in place, no gather / scatter
-                    _adam_rows(p, p.grad, state["exp_avg"], state["exp_avg_sq"], state["step"], group)
-                    continue
-                rows = touched.nonzero().squeeze(1)  # [R]
-                w, m, v, n = p[rows], state["exp_avg"][rows], state["exp_avg_sq"][rows], state["step"][rows]
-                _adam_rows(w, p.grad[rows], m, v, n, group)
-                p[rows], state["exp_avg"][rows], state["exp_avg_sq"][rows], state["step"][rows] = w, m, v, n
+                tensors = (p, p.grad, state["exp_avg"], state["exp_avg_sq"])
+                if p.device.type == "cpu" and p.dtype in KERNEL_DTYPES and all(t.is_contiguous() for t in tensors):
+                    # the compiled kernel (kernels/cpu/lazy_adam.cpp): one pass, the same update as below
+                    torch.ops.grlib.lazy_adam_(p, p.grad, state["exp_avg"], state["exp_avg_sq"], state["step"],
+                                               group["lr"], *group["betas"], group["eps"])
+                else:
+                    lazy_adam_reference(p, p.grad, state["exp_avg"], state["exp_avg_sq"], state["step"], group)
+
+
+def lazy_adam_reference(p: Tensor, grad: Tensor, m: Tensor, v: Tensor, n: Tensor, group: dict) -> None:
+    """The PyTorch form of one LazyAdam step on a table p [V, d] (in place): gather the touched rows,
+    update them (_adam_rows), scatter them back. Any device; the ground truth of the CPU kernel."""
+    touched = grad.ne(0).any(dim=1)  # [V]
+    n_touched = int(touched.sum())
+    if n_touched == 0:
+        return
+    if n_touched == p.shape[0]:  # every row: update in place, no gather / scatter
+        _adam_rows(p, grad, m, v, n, group)
+        return
+    rows = touched.nonzero().squeeze(1)  # [R]
+    w, mr, vr, nr = p[rows], m[rows], v[rows], n[rows]
+    _adam_rows(w, grad[rows], mr, vr, nr, group)
+    p[rows], m[rows], v[rows], n[rows] = w, mr, vr, nr
 
 
 def _adam_rows(w: Tensor, g: Tensor, m: Tensor, v: Tensor, n: Tensor, group: dict) -> None:
@@ -72,7 +86,7 @@ class Optimizers:
         self.params = [p for p in model.parameters() if p.requires_grad]
         self.clip = cfg.grad_clip
         self.opts: list[torch.optim.Optimizer] = [
-            torch.optim.AdamW(dense, lr=cfg.lr, betas=BETAS, weight_decay=cfg.weight_decay)]
+            torch.optim.AdamW(dense, lr=cfg.lr, betas=BETAS, weight_decay=cfg.weight_decay, fused=True)]
         if sparse:
             self.opts.append(LazyAdam(sparse, lr=cfg.lr))
         warmup = cfg.warmup_steps

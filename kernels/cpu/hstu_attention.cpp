@@ -17,8 +17,9 @@
 // tile) are applied in place by vectorisable loops, and the tile is multiplied into the task's
 // accumulator. Nothing larger than a tile is ever materialised; backward recomputes the scores.
 //
-// Bias-table gradients are summed into one partial table per worker and reduced at the end, so
-// no two threads ever write the same memory.
+// Bias-table gradients are summed into one partial table per task and reduced in task order at
+// the end (BiasGrads), so no two threads ever write the same memory and every run gives bitwise
+// the same gradients, whatever the scheduling.
 #include <torch/extension.h>
 #include <ATen/OpMathType.h>
 #include <ATen/Parallel.h>
@@ -227,8 +228,16 @@ void run_tasks(const std::vector<Task>& tasks, int64_t workers, const F& fn) {
 struct Args {
   at::Tensor q, k, v, offsets, pos, time, ts;
   int64_t T, H, D, Dv, B, P, Bt, max_len;
+  int64_t rq, rk, rv;  // row strides (elements) of q, k, v: views such as the chunks of a [T, 4d] tensor need no copy
   bool has_pos, has_time;
 };
+
+// t [T, H, D] itself when each row holds its H x D values densely (stride(2) == 1, stride(1) == D),
+// whatever the row stride; a contiguous copy otherwise.
+at::Tensor dense_rows(const at::Tensor& t) {
+  const bool dense = t.stride(2) == 1 && (t.size(1) <= 1 || t.stride(1) == t.size(2)) && t.stride(0) >= 0;
+  return dense ? t : t.contiguous();
+}
 
 Args check_args(const char* op, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                 const at::Tensor& offsets, int64_t max_len, const std::optional<at::Tensor>& pos_bias,
@@ -249,9 +258,10 @@ Args check_args(const char* op, const at::Tensor& q, const at::Tensor& k, const 
               offsets.scalar_type());
   TORCH_CHECK(max_len >= 1, op, ": max_len must be >= 1, got ", max_len);
   Args a;
-  a.q = q.contiguous();
-  a.k = k.contiguous();
-  a.v = v.contiguous();
+  a.q = dense_rows(q);
+  a.k = dense_rows(k);
+  a.v = dense_rows(v);
+  a.rq = a.q.stride(0), a.rk = a.k.stride(0), a.rv = a.v.stride(0);
   a.offsets = offsets.contiguous();
   a.T = q.size(0), a.H = q.size(1), a.D = q.size(2), a.Dv = v.size(2), a.B = offsets.numel() - 1;
   a.max_len = max_len;
@@ -394,6 +404,31 @@ struct Pass {
   }
 };
 
+// Per-task partial bias-table gradients, reduced in task order after the pass: the sums do not
+// depend on which worker ran which task (no races, and bitwise the same result on every run).
+template <typename T>
+struct BiasGrads {
+  int64_t P, Bt;
+  std::vector<T> partial;  // [tasks, P + Bt]
+  BiasGrads(size_t tasks, int64_t P_, int64_t Bt_) : P(P_), Bt(Bt_), partial(tasks * (P_ + Bt_), T(0)) {}
+  T* pos(int64_t task) { return partial.data() + task * (P + Bt); }
+  T* time(int64_t task) { return pos(task) + P; }
+  // -> dpos [H, P], dtime [H, Bt] (each copied when its table exists)
+  void reduce(const std::vector<Task>& tasks, const Args& a, at::Tensor& dpos, at::Tensor& dtime) const {
+    std::vector<T> sum(a.H * (P + Bt), T(0));  // [H, P] then [H, Bt]
+    for (size_t i = 0; i < tasks.size(); ++i) {
+      const T* src = partial.data() + i * (P + Bt);
+      T *sp = sum.data() + tasks[i].h * P, *st = sum.data() + a.H * P + tasks[i].h * Bt;
+      for (int64_t e = 0; e < P; ++e) sp[e] += src[e];
+      for (int64_t e = 0; e < Bt; ++e) st[e] += src[P + e];
+    }
+    auto reduced = at::from_blob(sum.data(), {a.H * (P + Bt)},
+                                 at::TensorOptions().dtype(c10::CppTypeToScalarType<T>::value));
+    if (a.has_pos) dpos.copy_(reduced.narrow(0, 0, a.H * P).view({a.H, P}));
+    if (a.has_time) dtime.copy_(reduced.narrow(0, a.H * P, a.H * Bt).view({a.H, Bt}));
+  }
+};
+
 template <typename scalar_t>
 at::Tensor forward_impl(const Args& a, double alpha_in) {
   using T = at::opmath_type<scalar_t>;
@@ -411,12 +446,12 @@ at::Tensor forward_impl(const Args& a, double alpha_in) {
     const int64_t base = p.o[t.b], L = p.o[t.b + 1] - base, i0 = t.blk * BLK, nq = std::min(BLK, L - i0);
     const Bias<T> bias = p.bias(t.b, t.h);
     const int64_t* tsq = bias.ts ? bias.ts + i0 : nullptr;
-    pack_cols(q + (base + i0) * hs + t.h * D, hs, nq, D, Dp, p.alpha, QT);
+    pack_cols(q + (base + i0) * a.rq + t.h * D, a.rq, nq, D, Dp, p.alpha, QT);
     std::fill(O, O + nq * Dvp, T(0));
     for (int64_t j0 = 0; j0 < i0 + nq; j0 += BLK) {
       const int64_t nk = std::min(BLK, i0 + nq - j0);
-      pack_rows(k + (base + j0) * hs + t.h * D, hs, nk, D, Dp, T(1), Ks);
-      pack_rows(v + (base + j0) * hsv + t.h * Dv, hsv, nk, Dv, Dvp, T(1), Vs);
+      pack_rows(k + (base + j0) * a.rk + t.h * D, a.rk, nk, D, Dp, T(1), Ks);
+      pack_rows(v + (base + j0) * a.rv + t.h * Dv, a.rv, nk, Dv, Dvp, T(1), Vs);
       tile_nt(Ks, QT, Dp, ST, nk);  // ST [key c, query r] = alpha k_j . q_i
       for (int64_t c = 0; c < nk; ++c) {  // weights^T; zero where j > i (r < first)
         const int64_t j = j0 + c, first = std::min(std::max<int64_t>(0, j - i0), nq);
@@ -442,28 +477,30 @@ void backward_dq(const Args& a, double alpha_in, const at::Tensor& grad, at::Ten
   const int64_t Dp = p.Dp, Dvp = p.Dvp, D = p.D, Dv = p.Dv, hs = p.hs, hsv = p.hsv, P = a.P, Bt = a.Bt;
   const scalar_t *q = a.q.data_ptr<scalar_t>(), *k = a.k.data_ptr<scalar_t>(), *v = a.v.data_ptr<scalar_t>();
   const scalar_t* g = grad.data_ptr<scalar_t>();
+  const int64_t rg = grad.stride(0);  // row stride of dO
   scalar_t* gq = dq.data_ptr<scalar_t>();
   const auto tasks = make_tasks(p.o, a.B, a.H, /*by_key=*/false);
   const int64_t workers = p.workers(tasks.size());
   // per worker: QT [Dp, BLK], dOT [Dvp, BLK], K [BLK, Dp], V [BLK, Dvp], ST, dWT [BLK, BLK],
-  // dQ [BLK, Dp]; then its partial bias gradients [H, P] and [H, Bt]
-  const int64_t tile = BLK * (3 * Dp + 2 * Dvp + 2 * BLK), tables = a.H * (P + Bt);
-  auto bufs = scratch<T>(workers, tile + tables);
-  for (auto& buf : bufs) std::fill(buf.begin() + tile, buf.end(), T(0));
+  // dQ [BLK, Dp]
+  const int64_t tile = BLK * (3 * Dp + 2 * Dvp + 2 * BLK);
+  auto bufs = scratch<T>(workers, tile);
+  BiasGrads<T> bias_grads(tasks.size(), P, Bt);
   run_tasks(tasks, workers, [&](int64_t w, const Task& t) {
     T *QT = bufs[w].data(), *dOT = QT + Dp * BLK, *Ks = dOT + Dvp * BLK, *Vs = Ks + BLK * Dp, *ST = Vs + BLK * Dvp;
     T *dWT = ST + BLK * BLK, *dQ = dWT + BLK * BLK;
-    T *gpos = bufs[w].data() + tile + t.h * P, *gtime = bufs[w].data() + tile + a.H * P + t.h * Bt;
+    const int64_t task = &t - tasks.data();
+    T *gpos = bias_grads.pos(task), *gtime = bias_grads.time(task);
     const int64_t base = p.o[t.b], L = p.o[t.b + 1] - base, i0 = t.blk * BLK, nq = std::min(BLK, L - i0);
     const Bias<T> bias = p.bias(t.b, t.h);
     const int64_t* tsq = bias.ts ? bias.ts + i0 : nullptr;
-    pack_cols(q + (base + i0) * hs + t.h * D, hs, nq, D, Dp, p.alpha, QT);
-    pack_cols(g + (base + i0) * hsv + t.h * Dv, hsv, nq, Dv, Dvp, T(1), dOT);
+    pack_cols(q + (base + i0) * a.rq + t.h * D, a.rq, nq, D, Dp, p.alpha, QT);
+    pack_cols(g + (base + i0) * rg + t.h * Dv, rg, nq, Dv, Dvp, T(1), dOT);
     std::fill(dQ, dQ + nq * Dp, T(0));
     for (int64_t j0 = 0; j0 < i0 + nq; j0 += BLK) {
       const int64_t nk = std::min(BLK, i0 + nq - j0);
-      pack_rows(k + (base + j0) * hs + t.h * D, hs, nk, D, Dp, T(1), Ks);
-      pack_rows(v + (base + j0) * hsv + t.h * Dv, hsv, nk, Dv, Dvp, T(1), Vs);
+      pack_rows(k + (base + j0) * a.rk + t.h * D, a.rk, nk, D, Dp, T(1), Ks);
+      pack_rows(v + (base + j0) * a.rv + t.h * Dv, a.rv, nk, Dv, Dvp, T(1), Vs);
       tile_nt(Ks, QT, Dp, ST, nk);    // scores^T [key, query]
       tile_nt(Vs, dOT, Dvp, dWT, nk);  // (dO V^T)^T = dL/dweights^T
       for (int64_t c = 0; c < nk; ++c) {  // dWT <- dL/dscores^T; bias gradients
@@ -501,13 +538,7 @@ void backward_dq(const Args& a, double alpha_in, const at::Tensor& grad, at::Ten
     for (int64_t r = 0; r < nq; ++r)
       for (int64_t d = 0; d < D; ++d) gq[(base + i0 + r) * hs + t.h * D + d] = static_cast<scalar_t>(p.alpha * dQ[r * Dp + d]);
   });
-  // race-free reduction of the per-worker partial tables
-  std::vector<T> sum(tables, T(0));
-  for (const auto& buf : bufs)
-    for (int64_t e = 0; e < tables; ++e) sum[e] += buf[tile + e];
-  auto reduced = at::from_blob(sum.data(), {tables}, at::TensorOptions().dtype(c10::CppTypeToScalarType<T>::value));
-  if (a.has_pos) dpos.copy_(reduced.narrow(0, 0, a.H * P).view({a.H, P}));
-  if (a.has_time) dtime.copy_(reduced.narrow(0, a.H * P, a.H * Bt).view({a.H, Bt}));
+  bias_grads.reduce(tasks, a, dpos, dtime);
 }
 
 // dk and dv: one task per (sequence, head, key tile), walking the query tiles at or after it.
@@ -518,6 +549,7 @@ void backward_dkv(const Args& a, double alpha_in, const at::Tensor& grad, at::Te
   const int64_t Dp = p.Dp, Dvp = p.Dvp, D = p.D, Dv = p.Dv, hs = p.hs, hsv = p.hsv;
   const scalar_t *q = a.q.data_ptr<scalar_t>(), *k = a.k.data_ptr<scalar_t>(), *v = a.v.data_ptr<scalar_t>();
   const scalar_t* g = grad.data_ptr<scalar_t>();
+  const int64_t rg = grad.stride(0);  // row stride of dO
   scalar_t *gk = dk.data_ptr<scalar_t>(), *gv = dv.data_ptr<scalar_t>();
   const auto tasks = make_tasks(p.o, a.B, a.H, /*by_key=*/true);
   const int64_t workers = p.workers(tasks.size());
@@ -530,14 +562,14 @@ void backward_dkv(const Args& a, double alpha_in, const at::Tensor& grad, at::Te
     const int64_t base = p.o[t.b], L = p.o[t.b + 1] - base, j0 = t.blk * BLK, nk = std::min(BLK, L - j0);
     const Bias<T> bias = p.bias(t.b, t.h);
     const int64_t* tsk = bias.ts ? bias.ts + j0 : nullptr;
-    pack_cols(k + (base + j0) * hs + t.h * D, hs, nk, D, Dp, p.alpha, KT);
-    pack_cols(v + (base + j0) * hsv + t.h * Dv, hsv, nk, Dv, Dvp, T(1), VT);
+    pack_cols(k + (base + j0) * a.rk + t.h * D, a.rk, nk, D, Dp, p.alpha, KT);
+    pack_cols(v + (base + j0) * a.rv + t.h * Dv, a.rv, nk, Dv, Dvp, T(1), VT);
     std::fill(dK, dK + nk * Dp, T(0));
     std::fill(dV, dV + nk * Dvp, T(0));
     for (int64_t i0 = j0; i0 < L; i0 += BLK) {
       const int64_t nq = std::min(BLK, L - i0);
-      pack_rows(q + (base + i0) * hs + t.h * D, hs, nq, D, Dp, T(1), Qs);
-      pack_rows(g + (base + i0) * hsv + t.h * Dv, hsv, nq, Dv, Dvp, T(1), dOs);
+      pack_rows(q + (base + i0) * a.rq + t.h * D, a.rq, nq, D, Dp, T(1), Qs);
+      pack_rows(g + (base + i0) * rg + t.h * Dv, rg, nq, Dv, Dvp, T(1), dOs);
       tile_nt(Qs, KT, Dp, S, nq);    // scores [query, key]
       tile_nt(dOs, VT, Dvp, dW, nq);  // dO V^T
       for (int64_t r = 0; r < nq; ++r) {  // S <- weights, dW <- dL/dscores; zero where j > i
@@ -556,6 +588,122 @@ void backward_dkv(const Args& a, double alpha_in, const at::Tensor& grad, at::Te
       for (int64_t e = 0; e < Dv; ++e) gv[(base + j0 + c) * hsv + t.h * Dv + e] = static_cast<scalar_t>(dV[c * Dvp + e]);
     }
   });
+}
+
+// dq, dk, dv and the bias-table gradients in one pass: one task per (sequence, head). The task
+// packs the sequence's Q (times alpha) and dO rows once, then walks its key tiles j and, for each,
+// the query tiles i >= j: the score and dL/dweight tiles are computed once per pair (the two-pass
+// form computes them twice), and dV_j, dK_j and dQ_i are all accumulated from them (5 tile
+// products per pair instead of 7). Needs a task per (sequence, head), so it is chosen when those
+// tasks balance over the workers (see choose_single_pass).
+template <typename scalar_t>
+void backward_single(const Args& a, double alpha_in, const at::Tensor& grad, at::Tensor& dq, at::Tensor& dk,
+                     at::Tensor& dv, at::Tensor& dpos, at::Tensor& dtime) {
+  using T = at::opmath_type<scalar_t>;
+  const Pass<scalar_t> p(a, alpha_in);
+  const int64_t Dp = p.Dp, Dvp = p.Dvp, D = p.D, Dv = p.Dv, hs = p.hs, hsv = p.hsv, P = a.P, Bt = a.Bt;
+  const scalar_t *q = a.q.data_ptr<scalar_t>(), *k = a.k.data_ptr<scalar_t>(), *v = a.v.data_ptr<scalar_t>();
+  const scalar_t* g = grad.data_ptr<scalar_t>();
+  const int64_t rg = grad.stride(0);  // row stride of dO
+  scalar_t *gq = dq.data_ptr<scalar_t>(), *gk = dk.data_ptr<scalar_t>(), *gv = dv.data_ptr<scalar_t>();
+  std::vector<Task> tasks;
+  int64_t longest = 0;
+  for (int64_t b = 0; b < a.B; ++b) {
+    const int64_t L = p.o[b + 1] - p.o[b], n = (L + BLK - 1) / BLK;
+    longest = std::max(longest, L);
+    if (n > 0)
+      for (int64_t h = 0; h < a.H; ++h) tasks.push_back({b, h, 0, n * (n + 1) / 2});
+  }
+  std::stable_sort(tasks.begin(), tasks.end(), [](const Task& x, const Task& y) { return x.cost > y.cost; });
+  const int64_t workers = p.workers(tasks.size()), Lp = round_up(longest, BLK);
+  // per worker: Q [Lp, Dp], dO [Lp, Dvp], dQ [Lp, Dp] (the whole sequence); KT [Dp, BLK], K [BLK, Dp],
+  // VT [Dvp, BLK], dK [BLK, Dp], dV [BLK, Dvp]; S, dW, dST [BLK, BLK]
+  const int64_t seq = Lp * (2 * Dp + Dvp), tile = seq + BLK * (3 * Dp + 2 * Dvp + 3 * BLK);
+  auto bufs = scratch<T>(workers, tile);
+  BiasGrads<T> bias_grads(tasks.size(), P, Bt);
+  run_tasks(tasks, workers, [&](int64_t w, const Task& t) {
+    T *Qs = bufs[w].data(), *dOs = Qs + Lp * Dp, *dQ = dOs + Lp * Dvp, *KT = dQ + Lp * Dp, *Ks = KT + Dp * BLK;
+    T *VT = Ks + BLK * Dp, *dK = VT + Dvp * BLK, *dV = dK + BLK * Dp, *S = dV + BLK * Dvp, *dW = S + BLK * BLK;
+    T *dST = dW + BLK * BLK;
+    const int64_t task = &t - tasks.data();
+    T *gpos = bias_grads.pos(task), *gtime = bias_grads.time(task);
+    const int64_t base = p.o[t.b], L = p.o[t.b + 1] - base;
+    const Bias<T> bias = p.bias(t.b, t.h);
+    pack_rows(q + base * a.rq + t.h * D, a.rq, L, D, Dp, p.alpha, Qs);
+    pack_rows(g + base * rg + t.h * Dv, rg, L, Dv, Dvp, T(1), dOs);
+    std::fill(dQ, dQ + L * Dp, T(0));
+    for (int64_t j0 = 0; j0 < L; j0 += BLK) {
+      const int64_t nk = std::min(BLK, L - j0);
+      const int64_t* tsk = bias.ts ? bias.ts + j0 : nullptr;
+      pack_cols(k + (base + j0) * a.rk + t.h * D, a.rk, nk, D, Dp, T(1), KT);
+      pack_rows(k + (base + j0) * a.rk + t.h * D, a.rk, nk, D, Dp, T(1), Ks);
+      pack_cols(v + (base + j0) * a.rv + t.h * Dv, a.rv, nk, Dv, Dvp, T(1), VT);
+      std::fill(dK, dK + nk * Dp, T(0));
+      std::fill(dV, dV + nk * Dvp, T(0));
+      for (int64_t i0 = j0; i0 < L; i0 += BLK) {
+        const int64_t nq = std::min(BLK, L - i0);
+        T *Qi = Qs + i0 * Dp, *dOi = dOs + i0 * Dvp;
+        tile_nt(Qi, KT, Dp, S, nq);    // scores [query, key] = alpha q_i . k_j
+        tile_nt(dOi, VT, Dvp, dW, nq);  // dL/dweights = dO V^T
+        for (int64_t r = 0; r < nq; ++r) {  // S <- weights, dW <- dL/dscores; zero where j > i
+          const int64_t i = i0 + r, valid = std::min(nk, i - j0 + 1), tsi = bias.ts ? bias.ts[i] : 0;
+          T *s = S + r * BLK, *ds = dW + r * BLK;
+          add_bias<-1>(s, 0, valid, i - j0, bias, tsk, tsi);
+          silu_both<T>(s, ds, 0, valid, p.inv_n);
+          std::fill(s + valid, s + nk, T(0));
+          std::fill(ds + valid, ds + nk, T(0));
+          if (a.has_pos) {  // i - j = (i - j0) - c: the first keys may share the last bucket
+            const int64_t tail = std::min(valid, std::max<int64_t>(0, i - j0 - (P - 1) + 1));
+            T sum = 0;
+            for (int64_t c = 0; c < tail; ++c) sum += ds[c];
+            gpos[P - 1] += sum;
+            for (int64_t c = tail; c < valid; ++c) gpos[i - j0 - c] += ds[c];
+          }
+          if (tsk && valid > 0) {  // buckets first (vectorised), then run-length sums
+            int64_t bk[BLK];
+            for (int64_t c = 0; c < valid; ++c) bk[c] = time_bucket(tsi - tsk[c], Bt);
+            int64_t cur = bk[0];
+            T run = 0;
+            for (int64_t c = 0; c < valid; ++c) {
+              if (bk[c] != cur) {
+                gtime[cur] += run;
+                run = 0;
+                cur = bk[c];
+              }
+              run += ds[c];
+            }
+            gtime[cur] += run;
+          }
+        }
+        tile_tn_acc(S, dOi, Dvp, dV, nk, nq);  // dV_j += W^T dO_i
+        tile_tn_acc(dW, Qi, Dp, dK, nk, nq);   // dK_j += dS^T (alpha Q_i)
+        for (int64_t c = 0; c < nk; ++c)       // dST [key, query] = dS^T
+          for (int64_t r = 0; r < nq; ++r) dST[c * BLK + r] = dW[r * BLK + c];
+        tile_tn_acc(dST, Ks, Dp, dQ + i0 * Dp, nq, nk);  // dQ_i += dS K_j
+      }
+      for (int64_t c = 0; c < nk; ++c) {
+        for (int64_t d = 0; d < D; ++d) gk[(base + j0 + c) * hs + t.h * D + d] = static_cast<scalar_t>(dK[c * Dp + d]);
+        for (int64_t e = 0; e < Dv; ++e) gv[(base + j0 + c) * hsv + t.h * Dv + e] = static_cast<scalar_t>(dV[c * Dvp + e]);
+      }
+    }
+    for (int64_t r = 0; r < L; ++r)
+      for (int64_t d = 0; d < D; ++d) gq[(base + r) * hs + t.h * D + d] = static_cast<scalar_t>(p.alpha * dQ[r * Dp + d]);
+  });
+  bias_grads.reduce(tasks, a, dpos, dtime);
+}
+
+// Auto mode: one pass when its (sequence, head) tasks can keep every worker busy, i.e. the costliest
+// holds at most 1 / workers of the tile pairs (longest-first dynamic scheduling then balances them);
+// else the two passes, whose tasks are single tiles (e.g. one long sequence with one head).
+bool choose_single_pass(const Args& a) {
+  const int64_t* o = a.offsets.data_ptr<int64_t>();
+  int64_t total = 0, costliest = 0;
+  for (int64_t b = 0; b < a.B; ++b) {
+    const int64_t n = (o[b + 1] - o[b] + BLK - 1) / BLK, c = n * (n + 1) / 2;
+    total += a.H * c;
+    costliest = std::max(costliest, c);
+  }
+  return costliest * at::get_num_threads() <= total;
 }
 
 }  // namespace
@@ -577,19 +725,27 @@ at::Tensor hstu_attention_fwd(const at::Tensor& q, const at::Tensor& k, const at
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> hstu_attention_bwd(
     const at::Tensor& grad_in, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
     const at::Tensor& offsets, int64_t max_len, double alpha, const std::optional<at::Tensor>& pos_bias,
-    const std::optional<at::Tensor>& time_bias, const std::optional<at::Tensor>& timestamps) {
+    const std::optional<at::Tensor>& time_bias, const std::optional<at::Tensor>& timestamps, int64_t mode) {
   const Args a = check_args("hstu_attention_backward", q, k, v, offsets, max_len, pos_bias, time_bias, timestamps);
   TORCH_CHECK(grad_in.device().is_cpu() && grad_in.dim() == 3 && grad_in.size(0) == a.T && grad_in.size(1) == a.H &&
                   grad_in.size(2) == a.Dv && grad_in.scalar_type() == a.q.scalar_type(),
               "hstu_attention_backward: grad must be a ", a.q.scalar_type(), " CPU tensor [T=", a.T, ", H=", a.H,
               ", Dv=", a.Dv, "], got ", grad_in.sizes(), " ", grad_in.scalar_type());
-  auto grad = grad_in.contiguous();
-  auto dq = at::empty_like(a.q), dk = at::empty_like(a.k), dv = at::empty_like(a.v);
+  TORCH_CHECK(mode >= 0 && mode <= 2, "hstu_attention_backward: mode must be 0 (auto), 1 (one pass) or 2 (two passes), got ",
+              mode);
+  auto grad = dense_rows(grad_in);
+  // contiguous [T, H, D] gradients (the inputs may be strided views)
+  auto dq = at::empty({a.T, a.H, a.D}, a.q.options()), dk = at::empty({a.T, a.H, a.D}, a.q.options());
+  auto dv = at::empty({a.T, a.H, a.Dv}, a.q.options());
   auto dpos = a.has_pos ? at::empty_like(a.pos) : at::empty({0}, a.q.options());
   auto dtime = a.has_time ? at::empty_like(a.time) : at::empty({0}, a.q.options());
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, a.q.scalar_type(), "hstu_attention_backward", [&] {
-    backward_dq<scalar_t>(a, alpha, grad, dq, dpos, dtime);
-    backward_dkv<scalar_t>(a, alpha, grad, dk, dv);
+    if (mode == 1 || (mode == 0 && choose_single_pass(a))) {
+      backward_single<scalar_t>(a, alpha, grad, dq, dk, dv, dpos, dtime);
+    } else {
+      backward_dq<scalar_t>(a, alpha, grad, dq, dpos, dtime);
+      backward_dkv<scalar_t>(a, alpha, grad, dk, dv);
+    }
   });
   return {dq, dk, dv, dpos, dtime};
 }
@@ -600,7 +756,7 @@ TORCH_LIBRARY_FRAGMENT(grlib, m) {
   m.def("hstu_attention(Tensor q, Tensor k, Tensor v, Tensor offsets, int max_len, float alpha, "
         "Tensor? pos_bias, Tensor? time_bias, Tensor? timestamps) -> Tensor");
   m.def("hstu_attention_backward(Tensor grad, Tensor q, Tensor k, Tensor v, Tensor offsets, int max_len, "
-        "float alpha, Tensor? pos_bias, Tensor? time_bias, Tensor? timestamps) "
+        "float alpha, Tensor? pos_bias, Tensor? time_bias, Tensor? timestamps, int mode=0) "
         "-> (Tensor, Tensor, Tensor, Tensor, Tensor)");
 }
 
