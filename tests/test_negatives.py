@@ -235,6 +235,17 @@ def test_half_precision_within_tolerance_of_fp32(case, precision):
         assert float((a - b).norm()) <= 5 * 20 * u * float(b.norm()) + 1e-7
 
 
+@settings(max_examples=60)
+@given(st.lists(st.integers(0, 12), max_size=40), st.lists(st.integers(0, 12), max_size=40))
+def test_accidental_hits_equal_the_dense_comparison(pool, targets):
+    from grlib.negatives.scoring import accidental_hits
+    pool_ids, t = torch.tensor(pool, dtype=torch.int64), torch.tensor(targets, dtype=torch.int64)
+    rows, cols = accidental_hits(pool_ids, t)
+    dense = (t[:, None] == pool_ids[None, :]).nonzero()  # [n, 2], rows ascending
+    assert sorted(zip(rows.tolist(), cols.tolist())) == [tuple(x) for x in dense.tolist()]
+    assert torch.equal(rows, rows.sort().values)
+
+
 def test_fused_shared_loss_scales_with_the_upstream_gradient_and_skips_work_without_grad():
     """The FP32 shared path makes its gradients in the forward pass: a scaled loss, a second backward
     (retain_graph) and no_grad must all give what the unfused lse + sampled_softmax gives."""

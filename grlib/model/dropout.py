@@ -6,12 +6,17 @@ word of the same default generator gives four 16-bit words r, and an element is 
 r < k = round(p * 65536): the drop probability is k / 65536 (within 2**-17 of p), and the kept
 elements are scaled by 1 / (1 - k / 65536), so E[dropout(x)] = x exactly. Deterministic under
 torch.manual_seed and restored with torch's RNG state (grlib.train.checkpoint), like nn.Dropout.
-Only the bool mask [*] is kept for the backward.
+
+On CPU the words are applied by one compiled pass (kernels/cpu/dropout.cpp, grlib::dropout_words:
+no bool mask, cast and second product as passes of their own), forward and backward, and the
+int16 words [*] are kept for the backward; elsewhere the bool mask and x * mask * scale.
 """
 from __future__ import annotations
 
 import torch
 from torch import Tensor, nn
+
+import grlib.ops.cpu  # noqa: F401  (loads grlib._C: torch.ops.grlib.dropout_words)
 
 WORDS = 1 << 16
 
@@ -23,27 +28,40 @@ def drop_count(p: float) -> int:
     return round(p * WORDS)
 
 
-def keep_mask(shape: torch.Size, p: float, device: torch.device | str = "cpu") -> Tensor:
-    """[shape] bool, True with probability 1 - drop_count(p) / 65536."""
+def random_words(shape: torch.Size, device: torch.device | str = "cpu") -> Tensor:
+    """[shape] int16, uniform over [-32768, 32767]: four per 64-bit draw of the default generator."""
     n = shape.numel()
     words = torch.empty((n + 3) // 4, dtype=torch.int64, device=device).random_(-(2**63), None)  # [ceil(n / 4)], all 64 bits
-    r = words.view(torch.int16)[:n].view(shape)  # [shape] uniform over [-32768, 32767]
-    return r >= drop_count(p) - WORDS // 2
+    return words.view(torch.int16)[:n].view(shape)
+
+
+def keep_mask(shape: torch.Size, p: float, device: torch.device | str = "cpu") -> Tensor:
+    """[shape] bool, True with probability 1 - drop_count(p) / 65536."""
+    return random_words(shape, device) >= drop_count(p) - WORDS // 2
 
 
 class _FastDropout(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x: Tensor, p: float) -> Tensor:
         k = drop_count(p)
-        mask = keep_mask(x.shape, p, x.device)  # [*] (all False when p = 1)
         ctx.scale = WORDS / (WORDS - k) if k < WORDS else 0.0
-        ctx.save_for_backward(mask)
-        return x * mask * ctx.scale
+        ctx.threshold = k - WORDS // 2  # kept where word >= threshold (none when p = 1)
+        words = random_words(x.shape, x.device)  # [*] int16
+        ctx.compiled = x.device.type == "cpu"
+        keep = words if ctx.compiled else words >= ctx.threshold  # [*] int16 words | bool mask
+        ctx.save_for_backward(keep)
+        return _apply(x, keep, ctx)
 
     @staticmethod
     def backward(ctx, grad: Tensor):
-        (mask,) = ctx.saved_tensors
-        return grad * mask * ctx.scale, None
+        (keep,) = ctx.saved_tensors
+        return _apply(grad, keep, ctx), None
+
+
+def _apply(x: Tensor, keep: Tensor, ctx) -> Tensor:
+    if ctx.compiled:
+        return torch.ops.grlib.dropout_words(x, keep, ctx.threshold, ctx.scale)
+    return x * keep * ctx.scale
 
 
 def fast_dropout(x: Tensor, p: float, training: bool = True) -> Tensor:

@@ -4,6 +4,9 @@ One layer (pointwise SiLU attention, no softmax; meta-recsys/generative-recommen
 
     U, V, Q, K = split(SiLU(W1 . LayerNorm(X) + b1))          # fused projection, [T, 4d]
     A = hstu_attention(Q, K, V)                               # grlib.ops: causal, rel. pos/time bias, / max_len
+
+(the split, the SiLU and the attention are one op, grlib.ops.uvqk_attention: with the compiled CPU
+kernel, SiLU(Q, K, V) is applied inside the attention's tiles and never written out)
     Y = X + W2 . Dropout(LayerNorm(A) * U) + b2               # gated output, residual
 
 Dropout is grlib.model.dropout.FastDropout (16-bit random words; nn.Dropout's serial Bernoulli
@@ -43,11 +46,10 @@ class HSTULayer(nn.Module):
         T = x.shape[0]
         if T == 0:  # a batch of empty sequences: nothing to attend (the padded reference cannot view 0 tokens)
             return x
-        u, v, q, k = F.silu(self.uvqk(self.norm_in(x))).chunk(4, dim=-1)  # 4 x [T, d]
-        shape = (T, self.n_heads, self.dh)
-        attn = ops.hstu_attention(q.reshape(shape), k.reshape(shape), v.reshape(shape), batch.offsets,
-                                  batch.max_len, pos_bias=self.pos_bias, time_bias=self.time_bias,
-                                  timestamps=batch.timestamps, impl=self.impl)  # [T, H, dh]
+        z = self.uvqk(self.norm_in(x))  # [T, 4d]: u | v | q | k before SiLU
+        u, attn = ops.uvqk_attention(z, self.n_heads, batch.offsets, batch.max_len, pos_bias=self.pos_bias,
+                                     time_bias=self.time_bias, timestamps=batch.timestamps,
+                                     impl=self.impl)  # [T, d], [T, H, dh]
         y = self.norm_attn(attn.reshape(T, -1)) * u  # [T, d]
         return x + self.out(self.dropout(y))
 

@@ -49,6 +49,19 @@ def _chunks(P: int, width: int, budget: int) -> list[tuple[int, int]]:
     return [(s, min(P, s + step)) for s in range(0, P, step)]
 
 
+def accidental_hits(pool_ids: Tensor, targets: Tensor) -> tuple[Tensor, Tensor]:
+    """The (token, pool slot) pairs where pool_ids[slot] == targets[token], rows ascending: found by
+    sorting the pool and binary search (no [P, R] comparison). pool_ids [R], targets [P] -> [n], [n]."""
+    srt, order = torch.sort(pool_ids.long())  # [R]
+    t = targets.long()
+    lo = torch.searchsorted(srt, t)  # [P]
+    counts = torch.searchsorted(srt, t, right=True) - lo  # [P] hits per token (duplicates in the pool count)
+    rows = torch.repeat_interleave(torch.arange(t.numel(), device=t.device), counts)  # [n]
+    first = torch.repeat_interleave(lo - (torch.cumsum(counts, 0) - counts), counts)  # [n]
+    cols = order[first + torch.arange(rows.numel(), device=t.device)]  # [n]
+    return rows, cols
+
+
 def _half_mm(a: Tensor, b: Tensor) -> Tensor:
     """a [M, K] @ b [K, N] in a's dtype -> FP32 [M, N]."""
     if a.dtype == torch.float32:
@@ -165,13 +178,24 @@ class SharedSoftmaxLoss(torch.autograd.Function):
         grad_u = torch.empty_like(u) if grads else None  # [P, d]
         grad_pool = torch.zeros_like(pool) if grads else None  # [R, d]
         grad_pos = torch.empty_like(pos) if grads else None  # [P]
-        for s, e in _chunks(P, R, CHUNK_SHARED):
-            logits = _mask(u[s:e] @ pool.T, pool_ids, targets[s:e], logq)  # [c, R]
-            lse[s:e] = torch.logsumexp(logits, dim=1)
+        hit_rows, hit_cols = accidental_hits(pool_ids, targets)  # [n_hits] each, rows ascending
+        bounds = torch.searchsorted(hit_rows, torch.arange(0, P + CHUNK_SHARED // max(R, 1) + 1,
+                                                           max(1, CHUNK_SHARED // max(R, 1)), device=u.device))
+        neg_logq = None if logq is None else logq[pool_ids]  # [R]
+        for n, (s, e) in enumerate(_chunks(P, R, CHUNK_SHARED)):
+            logits = u[s:e] @ pool.T  # [c, R]
+            if neg_logq is not None:
+                logits.sub_(neg_logq)
+            h0, h1 = int(bounds[n]), int(bounds[n + 1])
+            if h1 > h0:
+                logits[hit_rows[h0:h1] - s, hit_cols[h0:h1]] = MASKED
+            top = logits.amax(dim=1, keepdim=True)  # [c, 1]
+            total = logits.sub_(top).exp_().sum(dim=1)  # [c]; logits now hold exp(logit - top)
+            lse[s:e] = top.squeeze(1) + total.log()
             if grads:  # dL/dlse = sigmoid(lse - pos) / P = -dL/dpos; dL/dlogit = softmax * dL/dlse
                 w = torch.sigmoid(lse[s:e] - pos[s:e]).div_(P)  # [c]
                 grad_pos[s:e] = -w
-                g = logits.sub_(lse[s:e, None]).exp_().mul_(w[:, None])  # [c, R]
+                g = logits.mul_((w / total)[:, None])  # [c, R]
                 torch.mm(g, pool, out=grad_u[s:e])
                 grad_pool.addmm_(g.T, u[s:e])
         ctx.save_for_backward(grad_u, grad_pool, grad_pos)

@@ -23,7 +23,7 @@ from grlib.ops.registry import IMPLS, choose, implementations, runnable
 __all__ = [
     "IMPLS", "Jagged", "choose", "implementations", "offsets_from_lengths", "runnable",
     "jagged_to_padded", "padded_to_jagged", "segment_sum", "segment_mean", "segment_expand",
-    "hstu_attention", "layer_norm_mul",
+    "hstu_attention", "uvqk_attention", "layer_norm_mul",
 ]
 
 
@@ -115,6 +115,36 @@ def hstu_attention(q: Tensor, k: Tensor, v: Tensor, offsets: Tensor, max_len: in
     return fn(q, k, v, offsets, max_len, alpha, pos_bias, time_bias, timestamps)
 
 
+def uvqk_attention(z: Tensor, n_heads: int, offsets: Tensor, max_len: int, alpha: float | None = None,
+                   pos_bias: Tensor | None = None, time_bias: Tensor | None = None,
+                   timestamps: Tensor | None = None, impl: str = "auto") -> tuple[Tensor, Tensor]:
+    """HSTU's SiLU, split and attention: z [T, 4d] (the fused projection, columns u | v | q | k) ->
+    (u = SiLU(z_u) [T, d], hstu_attention(SiLU(z_q), SiLU(z_k), SiLU(z_v)) [T, n_heads, d / n_heads]).
+
+    `impl` is the attention's implementation: `cpu` runs one fused kernel (the activations of q, k, v
+    are never written out, and the backward writes dz without a concatenation); the others compose
+    F.silu, chunk and their hstu_attention (the reference of the fused kernel)."""
+    import torch.nn.functional as F
+
+    from grlib.ops.attention import check_attention_args, default_alpha
+
+    if z.dim() != 2 or z.shape[1] == 0 or z.shape[1] % (4 * n_heads):
+        raise ValueError(f"z must be [T, 4 * n_heads * head_dim] with n_heads={n_heads}, got {tuple(z.shape)}")
+    T, d = z.shape[0], z.shape[1] // 4
+    alpha = default_alpha(d // n_heads) if alpha is None else alpha
+    if choose("hstu_attention", z.device, impl) == "cpu":
+        view = z[:, :d].reshape(T, n_heads, d // n_heads)
+        check_attention_args(view, view, view, offsets, max_len, pos_bias, time_bias, timestamps)
+        return registry.resolve("uvqk_attention", z.device, "cpu")(
+            z, n_heads, offsets, max_len, alpha, pos_bias, time_bias, timestamps)
+    u, v, q, k = F.silu(z).chunk(4, dim=-1)  # 4 x [T, d]
+    shape = (T, n_heads, d // n_heads)
+    attn = hstu_attention(q.reshape(shape), k.reshape(shape), v.reshape(shape), offsets, max_len, alpha,
+                          pos_bias, time_bias, timestamps, impl=impl)
+    return u, attn
+
+
+registry.register("uvqk_attention", "cpu", _loader("cpu_attention", "uvqk_attention"))
 registry.register("layer_norm_mul", "reference", _loader("fused", "layer_norm_mul_reference"))
 registry.register("layer_norm_mul", "cpu", _loader("cpu_fused", "layer_norm_mul"))
 

@@ -175,25 +175,62 @@ void tile_tn_acc(const T* __restrict PT, const T* __restrict Z, int64_t Ep, T* _
 
 // ---- packing -------------------------------------------------------------------------------------
 
-// n rows of a [T, H, D] tensor (row stride H*D) -> dst [n, Dp] (times `scale`), zero padded: a
-// contiguous copy per row.
+// SiLU and its derivative (the fused uvqk op's inputs are pre-activations: SiLU is applied while
+// packing, and gradients are multiplied by SiLU' as they are written).
+template <typename T>
+inline T silu(T x) { return x * sigmoid(x); }
+template <typename T>
+inline T silu_grad(T x) {
+  const T sg = sigmoid(x);
+  return sg * (T(1) + x * (T(1) - sg));
+}
+
+// n rows of a [T, H, D] tensor (row stride `stride`) -> dst [n, Dp] (times `scale`; of SiLU(x)
+// when `act`), zero padded: a contiguous copy per row, then SiLU and the scale in place (plain
+// loops over contiguous floats, which the compiler vectorises).
 template <typename scalar_t, typename T>
-void pack_rows(const scalar_t* src, int64_t stride, int64_t n, int64_t D, int64_t Dp, T scale, T* dst) {
+void pack_rows(const scalar_t* src, int64_t stride, int64_t n, int64_t D, int64_t Dp, T scale, T* dst,
+               bool act = false) {
   for (int64_t r = 0; r < n; ++r) {
     const scalar_t* s = src + r * stride;
-    T* d = dst + r * Dp;
-    for (int64_t e = 0; e < D; ++e) d[e] = static_cast<T>(s[e]) * scale;
+    T* __restrict d = dst + r * Dp;
+    for (int64_t e = 0; e < D; ++e) d[e] = static_cast<T>(s[e]);
+    if (act)
+      for (int64_t e = 0; e < D; ++e) d[e] = silu(d[e]) * scale;
+    else if (scale != T(1))
+      for (int64_t e = 0; e < D; ++e) d[e] *= scale;
     for (int64_t e = D; e < Dp; ++e) d[e] = T(0);
   }
 }
 
-// n rows of a [T, H, D] tensor -> dst [Dp, BLK] transposed (times `scale`), zero padded; done
-// once per task.
-template <typename scalar_t, typename T>
-void pack_cols(const scalar_t* src, int64_t stride, int64_t n, int64_t D, int64_t Dp, T scale, T* dst) {
+// rows [n, Dp] -> dst [Dp, BLK] transposed, zero padded past n.
+template <typename T>
+void transpose_rows(const T* __restrict rows, int64_t n, int64_t Dp, T* __restrict dst) {
   std::fill(dst, dst + Dp * BLK, T(0));
   for (int64_t r = 0; r < n; ++r)
-    for (int64_t d = 0; d < D; ++d) dst[d * BLK + r] = static_cast<T>(src[r * stride + d]) * scale;
+    for (int64_t d = 0; d < Dp; ++d) dst[d * BLK + r] = rows[r * Dp + d];
+}
+
+// n rows of a [T, H, D] tensor -> dst [Dp, BLK] transposed (times `scale`; of SiLU(x) when `act`),
+// zero padded; through a per-thread row buffer (pack_rows, then transpose_rows).
+template <typename scalar_t, typename T>
+void pack_cols(const scalar_t* src, int64_t stride, int64_t n, int64_t D, int64_t Dp, T scale, T* dst,
+               bool act = false) {
+  thread_local std::vector<T> rows;
+  rows.resize(BLK * Dp);
+  pack_rows(src, stride, n, D, Dp, scale, rows.data(), act);
+  transpose_rows(rows.data(), n, Dp, dst);
+}
+
+// One gradient row: dst[e] = scale * val[e] (times SiLU'(pre[e]) when the inputs are pre-activations).
+template <typename scalar_t, typename V, typename T>
+inline void write_grad(scalar_t* __restrict dst, const V* __restrict val, int64_t n, T scale,
+                       const scalar_t* __restrict pre) {
+  if (pre)
+    for (int64_t e = 0; e < n; ++e)
+      dst[e] = static_cast<scalar_t>(scale * static_cast<T>(val[e]) * silu_grad(static_cast<T>(pre[e])));
+  else
+    for (int64_t e = 0; e < n; ++e) dst[e] = static_cast<scalar_t>(scale * static_cast<T>(val[e]));
 }
 
 struct Task {
@@ -230,6 +267,7 @@ struct Args {
   int64_t T, H, D, Dv, B, P, Bt, max_len;
   int64_t rq, rk, rv;  // row strides (elements) of q, k, v: views such as the chunks of a [T, 4d] tensor need no copy
   bool has_pos, has_time;
+  bool act = false;  // q, k, v are pre-activations: the attention reads SiLU(q), SiLU(k), SiLU(v)
 };
 
 // t [T, H, D] itself when each row holds its H x D values densely (stride(2) == 1, stride(1) == D),
@@ -433,7 +471,7 @@ template <typename scalar_t>
 at::Tensor forward_impl(const Args& a, double alpha_in) {
   using T = at::opmath_type<scalar_t>;
   const Pass<scalar_t> p(a, alpha_in);
-  const int64_t Dp = p.Dp, Dvp = p.Dvp, D = p.D, Dv = p.Dv, hs = p.hs, hsv = p.hsv;
+  const int64_t Dp = p.Dp, Dvp = p.Dvp, D = p.D, Dv = p.Dv, hsv = p.hsv;
   auto out = at::empty({a.T, a.H, a.Dv}, a.q.options());
   const scalar_t *q = a.q.data_ptr<scalar_t>(), *k = a.k.data_ptr<scalar_t>(), *v = a.v.data_ptr<scalar_t>();
   scalar_t* y = out.data_ptr<scalar_t>();
@@ -446,12 +484,12 @@ at::Tensor forward_impl(const Args& a, double alpha_in) {
     const int64_t base = p.o[t.b], L = p.o[t.b + 1] - base, i0 = t.blk * BLK, nq = std::min(BLK, L - i0);
     const Bias<T> bias = p.bias(t.b, t.h);
     const int64_t* tsq = bias.ts ? bias.ts + i0 : nullptr;
-    pack_cols(q + (base + i0) * a.rq + t.h * D, a.rq, nq, D, Dp, p.alpha, QT);
+    pack_cols(q + (base + i0) * a.rq + t.h * D, a.rq, nq, D, Dp, p.alpha, QT, a.act);
     std::fill(O, O + nq * Dvp, T(0));
     for (int64_t j0 = 0; j0 < i0 + nq; j0 += BLK) {
       const int64_t nk = std::min(BLK, i0 + nq - j0);
-      pack_rows(k + (base + j0) * a.rk + t.h * D, a.rk, nk, D, Dp, T(1), Ks);
-      pack_rows(v + (base + j0) * a.rv + t.h * Dv, a.rv, nk, Dv, Dvp, T(1), Vs);
+      pack_rows(k + (base + j0) * a.rk + t.h * D, a.rk, nk, D, Dp, T(1), Ks, a.act);
+      pack_rows(v + (base + j0) * a.rv + t.h * Dv, a.rv, nk, Dv, Dvp, T(1), Vs, a.act);
       tile_nt(Ks, QT, Dp, ST, nk);  // ST [key c, query r] = alpha k_j . q_i
       for (int64_t c = 0; c < nk; ++c) {  // weights^T; zero where j > i (r < first)
         const int64_t j = j0 + c, first = std::min(std::max<int64_t>(0, j - i0), nq);
@@ -474,11 +512,12 @@ void backward_dq(const Args& a, double alpha_in, const at::Tensor& grad, at::Ten
                  at::Tensor& dtime) {
   using T = at::opmath_type<scalar_t>;
   const Pass<scalar_t> p(a, alpha_in);
-  const int64_t Dp = p.Dp, Dvp = p.Dvp, D = p.D, Dv = p.Dv, hs = p.hs, hsv = p.hsv, P = a.P, Bt = a.Bt;
+  const int64_t Dp = p.Dp, Dvp = p.Dvp, D = p.D, Dv = p.Dv, P = a.P, Bt = a.Bt;
   const scalar_t *q = a.q.data_ptr<scalar_t>(), *k = a.k.data_ptr<scalar_t>(), *v = a.v.data_ptr<scalar_t>();
   const scalar_t* g = grad.data_ptr<scalar_t>();
   const int64_t rg = grad.stride(0);  // row stride of dO
   scalar_t* gq = dq.data_ptr<scalar_t>();
+  const int64_t oq = dq.stride(0);  // row stride of dq (a column block of dz in the fused uvqk op)
   const auto tasks = make_tasks(p.o, a.B, a.H, /*by_key=*/false);
   const int64_t workers = p.workers(tasks.size());
   // per worker: QT [Dp, BLK], dOT [Dvp, BLK], K [BLK, Dp], V [BLK, Dvp], ST, dWT [BLK, BLK],
@@ -494,13 +533,13 @@ void backward_dq(const Args& a, double alpha_in, const at::Tensor& grad, at::Ten
     const int64_t base = p.o[t.b], L = p.o[t.b + 1] - base, i0 = t.blk * BLK, nq = std::min(BLK, L - i0);
     const Bias<T> bias = p.bias(t.b, t.h);
     const int64_t* tsq = bias.ts ? bias.ts + i0 : nullptr;
-    pack_cols(q + (base + i0) * a.rq + t.h * D, a.rq, nq, D, Dp, p.alpha, QT);
+    pack_cols(q + (base + i0) * a.rq + t.h * D, a.rq, nq, D, Dp, p.alpha, QT, a.act);
     pack_cols(g + (base + i0) * rg + t.h * Dv, rg, nq, Dv, Dvp, T(1), dOT);
     std::fill(dQ, dQ + nq * Dp, T(0));
     for (int64_t j0 = 0; j0 < i0 + nq; j0 += BLK) {
       const int64_t nk = std::min(BLK, i0 + nq - j0);
-      pack_rows(k + (base + j0) * a.rk + t.h * D, a.rk, nk, D, Dp, T(1), Ks);
-      pack_rows(v + (base + j0) * a.rv + t.h * Dv, a.rv, nk, Dv, Dvp, T(1), Vs);
+      pack_rows(k + (base + j0) * a.rk + t.h * D, a.rk, nk, D, Dp, T(1), Ks, a.act);
+      pack_rows(v + (base + j0) * a.rv + t.h * Dv, a.rv, nk, Dv, Dvp, T(1), Vs, a.act);
       tile_nt(Ks, QT, Dp, ST, nk);    // scores^T [key, query]
       tile_nt(Vs, dOT, Dvp, dWT, nk);  // (dO V^T)^T = dL/dweights^T
       for (int64_t c = 0; c < nk; ++c) {  // dWT <- dL/dscores^T; bias gradients
@@ -536,7 +575,8 @@ void backward_dq(const Args& a, double alpha_in, const at::Tensor& grad, at::Ten
       tile_tn_acc(dWT, Ks, Dp, dQ, nq, nk);  // dQ += dS K
     }
     for (int64_t r = 0; r < nq; ++r)
-      for (int64_t d = 0; d < D; ++d) gq[(base + i0 + r) * hs + t.h * D + d] = static_cast<scalar_t>(p.alpha * dQ[r * Dp + d]);
+      write_grad(gq + (base + i0 + r) * oq + t.h * D, dQ + r * Dp, D, p.alpha,
+                 a.act ? q + (base + i0 + r) * a.rq + t.h * D : nullptr);
   });
   bias_grads.reduce(tasks, a, dpos, dtime);
 }
@@ -546,11 +586,12 @@ template <typename scalar_t>
 void backward_dkv(const Args& a, double alpha_in, const at::Tensor& grad, at::Tensor& dk, at::Tensor& dv) {
   using T = at::opmath_type<scalar_t>;
   const Pass<scalar_t> p(a, alpha_in);
-  const int64_t Dp = p.Dp, Dvp = p.Dvp, D = p.D, Dv = p.Dv, hs = p.hs, hsv = p.hsv;
+  const int64_t Dp = p.Dp, Dvp = p.Dvp, D = p.D, Dv = p.Dv;
   const scalar_t *q = a.q.data_ptr<scalar_t>(), *k = a.k.data_ptr<scalar_t>(), *v = a.v.data_ptr<scalar_t>();
   const scalar_t* g = grad.data_ptr<scalar_t>();
   const int64_t rg = grad.stride(0);  // row stride of dO
   scalar_t *gk = dk.data_ptr<scalar_t>(), *gv = dv.data_ptr<scalar_t>();
+  const int64_t ok = dk.stride(0), ov = dv.stride(0);
   const auto tasks = make_tasks(p.o, a.B, a.H, /*by_key=*/true);
   const int64_t workers = p.workers(tasks.size());
   // per worker: KT [Dp, BLK], VT [Dvp, BLK], Q [BLK, Dp], dO [BLK, Dvp], S, dW [BLK, BLK],
@@ -562,13 +603,13 @@ void backward_dkv(const Args& a, double alpha_in, const at::Tensor& grad, at::Te
     const int64_t base = p.o[t.b], L = p.o[t.b + 1] - base, j0 = t.blk * BLK, nk = std::min(BLK, L - j0);
     const Bias<T> bias = p.bias(t.b, t.h);
     const int64_t* tsk = bias.ts ? bias.ts + j0 : nullptr;
-    pack_cols(k + (base + j0) * a.rk + t.h * D, a.rk, nk, D, Dp, p.alpha, KT);
-    pack_cols(v + (base + j0) * a.rv + t.h * Dv, a.rv, nk, Dv, Dvp, T(1), VT);
+    pack_cols(k + (base + j0) * a.rk + t.h * D, a.rk, nk, D, Dp, p.alpha, KT, a.act);
+    pack_cols(v + (base + j0) * a.rv + t.h * Dv, a.rv, nk, Dv, Dvp, T(1), VT, a.act);
     std::fill(dK, dK + nk * Dp, T(0));
     std::fill(dV, dV + nk * Dvp, T(0));
     for (int64_t i0 = j0; i0 < L; i0 += BLK) {
       const int64_t nq = std::min(BLK, L - i0);
-      pack_rows(q + (base + i0) * a.rq + t.h * D, a.rq, nq, D, Dp, T(1), Qs);
+      pack_rows(q + (base + i0) * a.rq + t.h * D, a.rq, nq, D, Dp, T(1), Qs, a.act);
       pack_rows(g + (base + i0) * rg + t.h * Dv, rg, nq, Dv, Dvp, T(1), dOs);
       tile_nt(Qs, KT, Dp, S, nq);    // scores [query, key]
       tile_nt(dOs, VT, Dvp, dW, nq);  // dO V^T
@@ -584,8 +625,10 @@ void backward_dkv(const Args& a, double alpha_in, const at::Tensor& grad, at::Te
       tile_tn_acc(dW, Qs, Dp, dK, nk, nq);   // dK += dS^T Q
     }
     for (int64_t c = 0; c < nk; ++c) {
-      for (int64_t d = 0; d < D; ++d) gk[(base + j0 + c) * hs + t.h * D + d] = static_cast<scalar_t>(p.alpha * dK[c * Dp + d]);
-      for (int64_t e = 0; e < Dv; ++e) gv[(base + j0 + c) * hsv + t.h * Dv + e] = static_cast<scalar_t>(dV[c * Dvp + e]);
+      write_grad(gk + (base + j0 + c) * ok + t.h * D, dK + c * Dp, D, p.alpha,
+                 a.act ? k + (base + j0 + c) * a.rk + t.h * D : nullptr);
+      write_grad(gv + (base + j0 + c) * ov + t.h * Dv, dV + c * Dvp, Dv, T(1),
+                 a.act ? v + (base + j0 + c) * a.rv + t.h * Dv : nullptr);
     }
   });
 }
@@ -601,11 +644,12 @@ void backward_single(const Args& a, double alpha_in, const at::Tensor& grad, at:
                      at::Tensor& dv, at::Tensor& dpos, at::Tensor& dtime) {
   using T = at::opmath_type<scalar_t>;
   const Pass<scalar_t> p(a, alpha_in);
-  const int64_t Dp = p.Dp, Dvp = p.Dvp, D = p.D, Dv = p.Dv, hs = p.hs, hsv = p.hsv, P = a.P, Bt = a.Bt;
+  const int64_t Dp = p.Dp, Dvp = p.Dvp, D = p.D, Dv = p.Dv, P = a.P, Bt = a.Bt;
   const scalar_t *q = a.q.data_ptr<scalar_t>(), *k = a.k.data_ptr<scalar_t>(), *v = a.v.data_ptr<scalar_t>();
   const scalar_t* g = grad.data_ptr<scalar_t>();
   const int64_t rg = grad.stride(0);  // row stride of dO
   scalar_t *gq = dq.data_ptr<scalar_t>(), *gk = dk.data_ptr<scalar_t>(), *gv = dv.data_ptr<scalar_t>();
+  const int64_t oq = dq.stride(0), ok = dk.stride(0), ov = dv.stride(0);
   std::vector<Task> tasks;
   int64_t longest = 0;
   for (int64_t b = 0; b < a.B; ++b) {
@@ -629,15 +673,15 @@ void backward_single(const Args& a, double alpha_in, const at::Tensor& grad, at:
     T *gpos = bias_grads.pos(task), *gtime = bias_grads.time(task);
     const int64_t base = p.o[t.b], L = p.o[t.b + 1] - base;
     const Bias<T> bias = p.bias(t.b, t.h);
-    pack_rows(q + base * a.rq + t.h * D, a.rq, L, D, Dp, p.alpha, Qs);
+    pack_rows(q + base * a.rq + t.h * D, a.rq, L, D, Dp, p.alpha, Qs, a.act);
     pack_rows(g + base * rg + t.h * Dv, rg, L, Dv, Dvp, T(1), dOs);
     std::fill(dQ, dQ + L * Dp, T(0));
     for (int64_t j0 = 0; j0 < L; j0 += BLK) {
       const int64_t nk = std::min(BLK, L - j0);
       const int64_t* tsk = bias.ts ? bias.ts + j0 : nullptr;
-      pack_cols(k + (base + j0) * a.rk + t.h * D, a.rk, nk, D, Dp, T(1), KT);
-      pack_rows(k + (base + j0) * a.rk + t.h * D, a.rk, nk, D, Dp, T(1), Ks);
-      pack_cols(v + (base + j0) * a.rv + t.h * Dv, a.rv, nk, Dv, Dvp, T(1), VT);
+      pack_rows(k + (base + j0) * a.rk + t.h * D, a.rk, nk, D, Dp, T(1), Ks, a.act);
+      transpose_rows(Ks, nk, Dp, KT);
+      pack_cols(v + (base + j0) * a.rv + t.h * Dv, a.rv, nk, Dv, Dvp, T(1), VT, a.act);
       std::fill(dK, dK + nk * Dp, T(0));
       std::fill(dV, dV + nk * Dvp, T(0));
       for (int64_t i0 = j0; i0 < L; i0 += BLK) {
@@ -682,12 +726,14 @@ void backward_single(const Args& a, double alpha_in, const at::Tensor& grad, at:
         tile_tn_acc(dST, Ks, Dp, dQ + i0 * Dp, nq, nk);  // dQ_i += dS K_j
       }
       for (int64_t c = 0; c < nk; ++c) {
-        for (int64_t d = 0; d < D; ++d) gk[(base + j0 + c) * hs + t.h * D + d] = static_cast<scalar_t>(dK[c * Dp + d]);
-        for (int64_t e = 0; e < Dv; ++e) gv[(base + j0 + c) * hsv + t.h * Dv + e] = static_cast<scalar_t>(dV[c * Dvp + e]);
+        write_grad(gk + (base + j0 + c) * ok + t.h * D, dK + c * Dp, D, T(1),
+                   a.act ? k + (base + j0 + c) * a.rk + t.h * D : nullptr);
+        write_grad(gv + (base + j0 + c) * ov + t.h * Dv, dV + c * Dvp, Dv, T(1),
+                   a.act ? v + (base + j0 + c) * a.rv + t.h * Dv : nullptr);
       }
     }
     for (int64_t r = 0; r < L; ++r)
-      for (int64_t d = 0; d < D; ++d) gq[(base + r) * hs + t.h * D + d] = static_cast<scalar_t>(p.alpha * dQ[r * Dp + d]);
+      write_grad(gq + (base + r) * oq + t.h * D, dQ + r * Dp, D, p.alpha, a.act ? q + (base + r) * a.rq + t.h * D : nullptr);
   });
   bias_grads.reduce(tasks, a, dpos, dtime);
 }
@@ -750,6 +796,95 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> hstu_atte
   return {dq, dk, dv, dpos, dtime};
 }
 
+// ---- HSTU's SiLU, split and attention fused: z [T, 4d] = the uvqk projection (columns u | v | q | k) --
+
+namespace {
+
+// Column block i of z [T, 4d] as a [T, H, d / H] view (row stride 4d).
+at::Tensor block(const at::Tensor& z, int64_t i, int64_t H) {
+  const int64_t d = z.size(1) / 4;
+  return z.narrow(1, i * d, d).view({z.size(0), H, d / H});
+}
+
+at::Tensor check_uvqk(const char* op, const at::Tensor& z, int64_t H) {
+  TORCH_CHECK(z.device().is_cpu() && z.dim() == 2 && at::isFloatingType(z.scalar_type()), op,
+              ": z must be a floating CPU tensor [T, 4d], got ", z.sizes(), " ", z.scalar_type());
+  TORCH_CHECK(H >= 1 && z.size(1) > 0 && z.size(1) % (4 * H) == 0, op, ": z's width (", z.size(1),
+              ") must be 4 x n_heads (", H, ") x head dim");
+  return z.stride(1) == 1 ? z : z.contiguous();
+}
+
+}  // namespace
+
+// z [T, 4d] -> (u = SiLU(z_u) [T, d], hstu_attention(SiLU(z_q), SiLU(z_k), SiLU(z_v)) [T, H, d / H]).
+// SiLU(q, k, v) is never written out: the attention applies it while packing its tiles.
+std::tuple<at::Tensor, at::Tensor> hstu_uvqk_attention_fwd(
+    const at::Tensor& z_in, const at::Tensor& offsets, int64_t max_len, double alpha, int64_t n_heads,
+    const std::optional<at::Tensor>& pos_bias, const std::optional<at::Tensor>& time_bias,
+    const std::optional<at::Tensor>& timestamps) {
+  const char* op = "hstu_uvqk_attention";
+  const at::Tensor z = check_uvqk(op, z_in, n_heads);
+  Args a = check_args(op, block(z, 2, n_heads), block(z, 3, n_heads), block(z, 1, n_heads), offsets, max_len, pos_bias,
+                      time_bias, timestamps);
+  a.act = true;
+  const int64_t rows = z.size(0), d = z.size(1) / 4, rz = z.stride(0);
+  at::Tensor u = at::empty({rows, d}, z.options()), out;
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, z.scalar_type(), "hstu_uvqk_attention", [&] {
+    using C = at::opmath_type<scalar_t>;
+    const scalar_t* zp = z.data_ptr<scalar_t>();
+    scalar_t* up = u.data_ptr<scalar_t>();
+    at::parallel_for(0, rows, 256, [&](int64_t r0, int64_t r1) {
+      for (int64_t r = r0; r < r1; ++r)
+        for (int64_t e = 0; e < d; ++e) up[r * d + e] = static_cast<scalar_t>(silu(static_cast<C>(zp[r * rz + e])));
+    });
+    out = forward_impl<scalar_t>(a, alpha);
+  });
+  return {u, out};
+}
+
+// -> (dz [T, 4d], dpos_bias, dtime_bias): dz_u = grad_u * SiLU'(z_u); dz_v, dz_q, dz_k are the
+// attention's gradients times SiLU', written straight into their column blocks (no concatenation).
+std::tuple<at::Tensor, at::Tensor, at::Tensor> hstu_uvqk_attention_bwd(
+    const at::Tensor& grad_u, const at::Tensor& grad_attn, const at::Tensor& z_in, const at::Tensor& offsets,
+    int64_t max_len, double alpha, int64_t n_heads, const std::optional<at::Tensor>& pos_bias,
+    const std::optional<at::Tensor>& time_bias, const std::optional<at::Tensor>& timestamps, int64_t mode) {
+  const char* op = "hstu_uvqk_attention_backward";
+  const at::Tensor z = check_uvqk(op, z_in, n_heads);
+  Args a = check_args(op, block(z, 2, n_heads), block(z, 3, n_heads), block(z, 1, n_heads), offsets, max_len, pos_bias,
+                      time_bias, timestamps);
+  a.act = true;
+  const int64_t rows = z.size(0), d = z.size(1) / 4, rz = z.stride(0);
+  TORCH_CHECK(grad_u.device().is_cpu() && grad_u.dim() == 2 && grad_u.size(0) == rows && grad_u.size(1) == d &&
+                  grad_u.scalar_type() == z.scalar_type(),
+              op, ": grad_u must be a ", z.scalar_type(), " CPU tensor [T=", rows, ", d=", d, "], got ", grad_u.sizes(),
+              " ", grad_u.scalar_type());
+  TORCH_CHECK(grad_attn.device().is_cpu() && grad_attn.dim() == 3 && grad_attn.size(0) == rows &&
+                  grad_attn.size(1) == a.H && grad_attn.size(2) == a.Dv && grad_attn.scalar_type() == z.scalar_type(),
+              op, ": grad_attn must be a ", z.scalar_type(), " CPU tensor [T=", rows, ", H=", a.H, ", D=", a.Dv,
+              "], got ", grad_attn.sizes(), " ", grad_attn.scalar_type());
+  TORCH_CHECK(mode >= 0 && mode <= 2, op, ": mode must be 0 (auto), 1 (one pass) or 2 (two passes), got ", mode);
+  const at::Tensor gu = grad_u.contiguous(), grad = dense_rows(grad_attn);
+  at::Tensor dz = at::empty({rows, 4 * d}, z.options());
+  at::Tensor dq = block(dz, 2, n_heads), dk = block(dz, 3, n_heads), dv = block(dz, 1, n_heads);
+  auto dpos = a.has_pos ? at::empty_like(a.pos) : at::empty({0}, z.options());
+  auto dtime = a.has_time ? at::empty_like(a.time) : at::empty({0}, z.options());
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, z.scalar_type(), "hstu_uvqk_attention_backward", [&] {
+    using C = at::opmath_type<scalar_t>;
+    const scalar_t *zp = z.data_ptr<scalar_t>(), *gp = gu.data_ptr<scalar_t>();
+    scalar_t* dp = dz.data_ptr<scalar_t>();
+    at::parallel_for(0, rows, 256, [&](int64_t r0, int64_t r1) {
+      for (int64_t r = r0; r < r1; ++r) write_grad(dp + r * 4 * d, gp + r * d, d, C(1), zp + r * rz);
+    });
+    if (mode == 1 || (mode == 0 && choose_single_pass(a))) {
+      backward_single<scalar_t>(a, alpha, grad, dq, dk, dv, dpos, dtime);
+    } else {
+      backward_dq<scalar_t>(a, alpha, grad, dq, dpos, dtime);
+      backward_dkv<scalar_t>(a, alpha, grad, dk, dv);
+    }
+  });
+  return {dz, dpos, dtime};
+}
+
 TORCH_LIBRARY_FRAGMENT(grlib, m) {
   // Jagged causal HSTU attention (contract: grlib/ops/attention.py). The bias tables are optional;
   // time_bias needs timestamps [T] int64.
@@ -758,9 +893,18 @@ TORCH_LIBRARY_FRAGMENT(grlib, m) {
   m.def("hstu_attention_backward(Tensor grad, Tensor q, Tensor k, Tensor v, Tensor offsets, int max_len, "
         "float alpha, Tensor? pos_bias, Tensor? time_bias, Tensor? timestamps, int mode=0) "
         "-> (Tensor, Tensor, Tensor, Tensor, Tensor)");
+  // HSTU's SiLU + split + attention in one: z [T, 4d] (columns u | v | q | k) -> (SiLU(z_u) [T, d],
+  // attention of SiLU(z_q), SiLU(z_k), SiLU(z_v) [T, n_heads, d / n_heads]).
+  m.def("hstu_uvqk_attention(Tensor z, Tensor offsets, int max_len, float alpha, int n_heads, Tensor? pos_bias, "
+        "Tensor? time_bias, Tensor? timestamps) -> (Tensor, Tensor)");
+  m.def("hstu_uvqk_attention_backward(Tensor grad_u, Tensor grad_attn, Tensor z, Tensor offsets, int max_len, "
+        "float alpha, int n_heads, Tensor? pos_bias, Tensor? time_bias, Tensor? timestamps, int mode=0) "
+        "-> (Tensor, Tensor, Tensor)");
 }
 
 TORCH_LIBRARY_IMPL(grlib, CPU, m) {
   m.impl("hstu_attention", &hstu_attention_fwd);
   m.impl("hstu_attention_backward", &hstu_attention_bwd);
+  m.impl("hstu_uvqk_attention", &hstu_uvqk_attention_fwd);
+  m.impl("hstu_uvqk_attention_backward", &hstu_uvqk_attention_bwd);
 }
