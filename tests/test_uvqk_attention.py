@@ -12,15 +12,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from grlib import ops
+from test_attention import _tol  # the same tolerances
 
 import grlib.ops.cpu_attention  # noqa: F401,E402  (registers the fused op's autograd)
-
-
-def _tol(dtype: torch.dtype, exact: torch.Tensor, table: bool = False) -> dict:
-    if dtype == torch.bfloat16:
-        scale = 1.0 + float(exact.abs().max()) if exact.numel() else 1.0
-        return dict(rtol=2e-2, atol=2e-2 * scale)
-    return dict(rtol=1e-4, atol=1e-4 if table else 1e-5)
 
 
 @st.composite

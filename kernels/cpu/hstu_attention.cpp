@@ -410,6 +410,27 @@ inline void silu_both(T* __restrict s, T* __restrict dw, int64_t x0, int64_t x1,
   }
 }
 
+// gtime[bucket(ts[x] - tsc)] += ds[x] for x in [x0, x1) (x < BLK): the buckets first (vectorised),
+// then run-length sums (sorted timestamps give long runs of one bucket along a tile row).
+template <typename T>
+inline void add_time_grads(const T* ds, const int64_t* ts, int64_t tsc, int64_t x0, int64_t x1, int64_t Bt,
+                           T* gtime) {
+  if (x0 >= x1) return;
+  int64_t bk[BLK];
+  for (int64_t x = x0; x < x1; ++x) bk[x] = time_bucket(ts[x] - tsc, Bt);
+  int64_t cur = bk[x0];
+  T run = 0;
+  for (int64_t x = x0; x < x1; ++x) {
+    if (bk[x] != cur) {
+      gtime[cur] += run;
+      run = 0;
+      cur = bk[x];
+    }
+    run += ds[x];
+  }
+  gtime[cur] += run;
+}
+
 // Per-worker scratch of `n` elements each.
 template <typename T>
 std::vector<std::vector<T>> scratch(int64_t workers, int64_t n) {
@@ -556,21 +577,7 @@ void backward_dq(const Args& a, double alpha_in, const at::Tensor& grad, at::Ten
           for (int64_t r = clamp; r < nq; ++r) tail += ds[r];
           gpos[P - 1] += tail;
         }
-        if (tsq && first < nq) {  // buckets first (vectorised), then run-length sums: sorted
-          int64_t bk[BLK];         // timestamps give long runs of one bucket along a row
-          for (int64_t r = first; r < nq; ++r) bk[r] = time_bucket(tsq[r] - tsj, Bt);
-          int64_t cur = bk[first];
-          T run = 0;
-          for (int64_t r = first; r < nq; ++r) {
-            if (bk[r] != cur) {
-              gtime[cur] += run;
-              run = 0;
-              cur = bk[r];
-            }
-            run += ds[r];
-          }
-          gtime[cur] += run;
-        }
+        if (tsq) add_time_grads(ds, tsq, tsj, first, nq, Bt, gtime);
       }
       tile_tn_acc(dWT, Ks, Dp, dQ, nq, nk);  // dQ += dS K
     }
@@ -703,21 +710,7 @@ void backward_single(const Args& a, double alpha_in, const at::Tensor& grad, at:
             gpos[P - 1] += sum;
             for (int64_t c = tail; c < valid; ++c) gpos[i - j0 - c] += ds[c];
           }
-          if (tsk && valid > 0) {  // buckets first (vectorised), then run-length sums
-            int64_t bk[BLK];
-            for (int64_t c = 0; c < valid; ++c) bk[c] = time_bucket(tsi - tsk[c], Bt);
-            int64_t cur = bk[0];
-            T run = 0;
-            for (int64_t c = 0; c < valid; ++c) {
-              if (bk[c] != cur) {
-                gtime[cur] += run;
-                run = 0;
-                cur = bk[c];
-              }
-              run += ds[c];
-            }
-            gtime[cur] += run;
-          }
+          if (tsk) add_time_grads(ds, tsk, tsi, 0, valid, Bt, gtime);
         }
         tile_tn_acc(S, dOi, Dvp, dV, nk, nq);  // dV_j += W^T dO_i
         tile_tn_acc(dW, Qi, Dp, dK, nk, nq);   // dK_j += dS^T (alpha Q_i)
