@@ -4,10 +4,10 @@ One layer (pointwise SiLU attention, no softmax; meta-recsys/generative-recommen
 
     U, V, Q, K = split(SiLU(W1 . LayerNorm(X) + b1))          # fused projection, [T, 4d]
     A = hstu_attention(Q, K, V)                               # grlib.ops: causal, rel. pos/time bias, / max_len
-
-(the split, the SiLU and the attention are one op, grlib.ops.uvqk_attention: with the compiled CPU
-kernel, SiLU(Q, K, V) is applied inside the attention's tiles and never written out)
     Y = X + W2 . Dropout(LayerNorm(A) * U) + b2               # gated output, residual
+
+The split, the SiLU and the attention are one op, grlib.ops.uvqk_attention: with the compiled CPU
+kernel, SiLU(Q, K, V) is applied inside the attention's tiles and never written out.
 
 Dropout is grlib.model.dropout.FastDropout (16-bit random words; nn.Dropout's serial Bernoulli
 draws took 12% of a laptop training step).

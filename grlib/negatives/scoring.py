@@ -178,15 +178,16 @@ class SharedSoftmaxLoss(torch.autograd.Function):
         grad_u = torch.empty_like(u) if grads else None  # [P, d]
         grad_pool = torch.zeros_like(pool) if grads else None  # [R, d]
         grad_pos = torch.empty_like(pos) if grads else None  # [P]
+        chunks = _chunks(P, R, CHUNK_SHARED)
         hit_rows, hit_cols = accidental_hits(pool_ids, targets)  # [n_hits] each, rows ascending
-        bounds = torch.searchsorted(hit_rows, torch.arange(0, P + CHUNK_SHARED // max(R, 1) + 1,
-                                                           max(1, CHUNK_SHARED // max(R, 1)), device=u.device))
+        # hits of chunk n: hit_rows[bounds[n]:bounds[n + 1]]
+        bounds = torch.searchsorted(hit_rows, torch.tensor([s for s, _ in chunks] + [P], device=u.device)).tolist()
         neg_logq = None if logq is None else logq[pool_ids]  # [R]
-        for n, (s, e) in enumerate(_chunks(P, R, CHUNK_SHARED)):
+        for n, (s, e) in enumerate(chunks):
             logits = u[s:e] @ pool.T  # [c, R]
             if neg_logq is not None:
                 logits.sub_(neg_logq)
-            h0, h1 = int(bounds[n]), int(bounds[n + 1])
+            h0, h1 = bounds[n], bounds[n + 1]
             if h1 > h0:
                 logits[hit_rows[h0:h1] - s, hit_cols[h0:h1]] = MASKED
             top = logits.amax(dim=1, keepdim=True)  # [c, 1]

@@ -30,7 +30,7 @@ def _(grad, q, k, v, offsets, max_len, alpha, pos_bias, time_bias, timestamps, m
     def bias_grad(table):
         return q.new_empty((0,)) if table is None else table.new_empty(table.shape)
 
-    return (q.new_empty(q.shape).contiguous(), k.new_empty(k.shape).contiguous(), v.new_empty(v.shape).contiguous(),
+    return (q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape),
             bias_grad(pos_bias), bias_grad(time_bias))
 
 
@@ -62,7 +62,7 @@ def _(grad_u, grad_attn, z, offsets, max_len, alpha, n_heads, pos_bias, time_bia
     def bias_grad(table):
         return z.new_empty((0,)) if table is None else table.new_empty(table.shape)
 
-    return z.new_empty(z.shape).contiguous(), bias_grad(pos_bias), bias_grad(time_bias)
+    return z.new_empty(z.shape), bias_grad(pos_bias), bias_grad(time_bias)
 
 
 def _setup_uvqk(ctx, inputs, output) -> None:

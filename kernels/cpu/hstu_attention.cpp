@@ -249,6 +249,19 @@ std::vector<Task> make_tasks(const int64_t* o, int64_t B, int64_t H, bool by_key
   return tasks;
 }
 
+// One task per (sequence, head) of a non-empty sequence, costing its tile pairs n (n + 1) / 2,
+// longest first: the tasks of the one-pass backward.
+std::vector<Task> sequence_tasks(const int64_t* o, int64_t B, int64_t H) {
+  std::vector<Task> tasks;
+  for (int64_t b = 0; b < B; ++b) {
+    const int64_t n = (o[b + 1] - o[b] + BLK - 1) / BLK;
+    if (n > 0)
+      for (int64_t h = 0; h < H; ++h) tasks.push_back({b, h, 0, n * (n + 1) / 2});
+  }
+  std::stable_sort(tasks.begin(), tasks.end(), [](const Task& x, const Task& y) { return x.cost > y.cost; });
+  return tasks;
+}
+
 // Runs fn(worker, task) for every task, longest first, dynamically balanced over the workers of
 // at::parallel_for (one index per worker; nested calls run serially on worker 0).
 template <typename F>
@@ -442,7 +455,7 @@ template <typename scalar_t>
 struct Pass {
   using T = at::opmath_type<scalar_t>;
   const Args& a;
-  int64_t H, D, Dv, Dp, Dvp, hs, hsv;
+  int64_t H, D, Dv, Dp, Dvp, hsv;
   const int64_t* o;
   const int64_t* ts;
   std::vector<T> pos, time;
@@ -450,7 +463,7 @@ struct Pass {
 
   Pass(const Args& args, double alpha_in)
       : a(args), H(args.H), D(args.D), Dv(args.Dv), Dp(round_up(args.D, VEC)), Dvp(round_up(args.Dv, VEC)),
-        hs(args.H * args.D), hsv(args.H * args.Dv), o(args.offsets.data_ptr<int64_t>()),
+        hsv(args.H * args.Dv), o(args.offsets.data_ptr<int64_t>()),
         ts(args.has_time ? args.ts.data_ptr<int64_t>() : nullptr), pos(table<T>(args.pos, args.has_pos, H, args.P)),
         time(table<T>(args.time, args.has_time, H, args.Bt)), alpha(static_cast<T>(alpha_in)),
         inv_n(T(1) / static_cast<T>(args.max_len)) {}
@@ -645,7 +658,7 @@ void backward_dkv(const Args& a, double alpha_in, const at::Tensor& grad, at::Te
 // the query tiles i >= j: the score and dL/dweight tiles are computed once per pair (the two-pass
 // form computes them twice), and dV_j, dK_j and dQ_i are all accumulated from them (5 tile
 // products per pair instead of 7). Needs a task per (sequence, head), so it is chosen when those
-// tasks balance over the workers (see choose_single_pass).
+// tasks balance over the workers (see run_backward).
 template <typename scalar_t>
 void backward_single(const Args& a, double alpha_in, const at::Tensor& grad, at::Tensor& dq, at::Tensor& dk,
                      at::Tensor& dv, at::Tensor& dpos, at::Tensor& dtime) {
@@ -657,15 +670,9 @@ void backward_single(const Args& a, double alpha_in, const at::Tensor& grad, at:
   const int64_t rg = grad.stride(0);  // row stride of dO
   scalar_t *gq = dq.data_ptr<scalar_t>(), *gk = dk.data_ptr<scalar_t>(), *gv = dv.data_ptr<scalar_t>();
   const int64_t oq = dq.stride(0), ok = dk.stride(0), ov = dv.stride(0);
-  std::vector<Task> tasks;
+  const std::vector<Task> tasks = sequence_tasks(p.o, a.B, a.H);
   int64_t longest = 0;
-  for (int64_t b = 0; b < a.B; ++b) {
-    const int64_t L = p.o[b + 1] - p.o[b], n = (L + BLK - 1) / BLK;
-    longest = std::max(longest, L);
-    if (n > 0)
-      for (int64_t h = 0; h < a.H; ++h) tasks.push_back({b, h, 0, n * (n + 1) / 2});
-  }
-  std::stable_sort(tasks.begin(), tasks.end(), [](const Task& x, const Task& y) { return x.cost > y.cost; });
+  for (int64_t b = 0; b < a.B; ++b) longest = std::max(longest, p.o[b + 1] - p.o[b]);
   const int64_t workers = p.workers(tasks.size()), Lp = round_up(longest, BLK);
   // per worker: Q [Lp, Dp], dO [Lp, Dvp], dQ [Lp, Dp] (the whole sequence); KT [Dp, BLK], K [BLK, Dp],
   // VT [Dvp, BLK], dK [BLK, Dp], dV [BLK, Dvp]; S, dW, dST [BLK, BLK]
@@ -734,15 +741,24 @@ void backward_single(const Args& a, double alpha_in, const at::Tensor& grad, at:
 // Auto mode: one pass when its (sequence, head) tasks can keep every worker busy, i.e. the costliest
 // holds at most 1 / workers of the tile pairs (longest-first dynamic scheduling then balances them);
 // else the two passes, whose tasks are single tiles (e.g. one long sequence with one head).
-bool choose_single_pass(const Args& a) {
-  const int64_t* o = a.offsets.data_ptr<int64_t>();
-  int64_t total = 0, costliest = 0;
-  for (int64_t b = 0; b < a.B; ++b) {
-    const int64_t n = (o[b + 1] - o[b] + BLK - 1) / BLK, c = n * (n + 1) / 2;
-    total += a.H * c;
-    costliest = std::max(costliest, c);
+// mode: 0 auto, 1 one pass (backward_single), 2 two passes (backward_dq + backward_dkv).
+template <typename scalar_t>
+void run_backward(const char* op, int64_t mode, const Args& a, double alpha, const at::Tensor& grad, at::Tensor& dq,
+                  at::Tensor& dk, at::Tensor& dv, at::Tensor& dpos, at::Tensor& dtime) {
+  TORCH_CHECK(mode >= 0 && mode <= 2, op, ": mode must be 0 (auto), 1 (one pass) or 2 (two passes), got ", mode);
+  bool single = mode == 1;
+  if (mode == 0) {
+    const std::vector<Task> tasks = sequence_tasks(a.offsets.data_ptr<int64_t>(), a.B, a.H);
+    int64_t total = 0;
+    for (const Task& t : tasks) total += t.cost;
+    single = tasks.empty() || tasks.front().cost * at::get_num_threads() <= total;
   }
-  return costliest * at::get_num_threads() <= total;
+  if (single) {
+    backward_single<scalar_t>(a, alpha, grad, dq, dk, dv, dpos, dtime);
+  } else {
+    backward_dq<scalar_t>(a, alpha, grad, dq, dpos, dtime);
+    backward_dkv<scalar_t>(a, alpha, grad, dk, dv);
+  }
 }
 
 }  // namespace
@@ -770,8 +786,6 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> hstu_atte
                   grad_in.size(2) == a.Dv && grad_in.scalar_type() == a.q.scalar_type(),
               "hstu_attention_backward: grad must be a ", a.q.scalar_type(), " CPU tensor [T=", a.T, ", H=", a.H,
               ", Dv=", a.Dv, "], got ", grad_in.sizes(), " ", grad_in.scalar_type());
-  TORCH_CHECK(mode >= 0 && mode <= 2, "hstu_attention_backward: mode must be 0 (auto), 1 (one pass) or 2 (two passes), got ",
-              mode);
   auto grad = dense_rows(grad_in);
   // contiguous [T, H, D] gradients (the inputs may be strided views)
   auto dq = at::empty({a.T, a.H, a.D}, a.q.options()), dk = at::empty({a.T, a.H, a.D}, a.q.options());
@@ -779,12 +793,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> hstu_atte
   auto dpos = a.has_pos ? at::empty_like(a.pos) : at::empty({0}, a.q.options());
   auto dtime = a.has_time ? at::empty_like(a.time) : at::empty({0}, a.q.options());
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, a.q.scalar_type(), "hstu_attention_backward", [&] {
-    if (mode == 1 || (mode == 0 && choose_single_pass(a))) {
-      backward_single<scalar_t>(a, alpha, grad, dq, dk, dv, dpos, dtime);
-    } else {
-      backward_dq<scalar_t>(a, alpha, grad, dq, dpos, dtime);
-      backward_dkv<scalar_t>(a, alpha, grad, dk, dv);
-    }
+    run_backward<scalar_t>("hstu_attention_backward", mode, a, alpha, grad, dq, dk, dv, dpos, dtime);
   });
   return {dq, dk, dv, dpos, dtime};
 }
@@ -855,7 +864,6 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> hstu_uvqk_attention_bwd(
                   grad_attn.size(1) == a.H && grad_attn.size(2) == a.Dv && grad_attn.scalar_type() == z.scalar_type(),
               op, ": grad_attn must be a ", z.scalar_type(), " CPU tensor [T=", rows, ", H=", a.H, ", D=", a.Dv,
               "], got ", grad_attn.sizes(), " ", grad_attn.scalar_type());
-  TORCH_CHECK(mode >= 0 && mode <= 2, op, ": mode must be 0 (auto), 1 (one pass) or 2 (two passes), got ", mode);
   const at::Tensor gu = grad_u.contiguous(), grad = dense_rows(grad_attn);
   at::Tensor dz = at::empty({rows, 4 * d}, z.options());
   at::Tensor dq = block(dz, 2, n_heads), dk = block(dz, 3, n_heads), dv = block(dz, 1, n_heads);
@@ -868,12 +876,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> hstu_uvqk_attention_bwd(
     at::parallel_for(0, rows, 256, [&](int64_t r0, int64_t r1) {
       for (int64_t r = r0; r < r1; ++r) write_grad(dp + r * 4 * d, gp + r * d, d, C(1), zp + r * rz);
     });
-    if (mode == 1 || (mode == 0 && choose_single_pass(a))) {
-      backward_single<scalar_t>(a, alpha, grad, dq, dk, dv, dpos, dtime);
-    } else {
-      backward_dq<scalar_t>(a, alpha, grad, dq, dpos, dtime);
-      backward_dkv<scalar_t>(a, alpha, grad, dk, dv);
-    }
+    run_backward<scalar_t>(op, mode, a, alpha, grad, dq, dk, dv, dpos, dtime);
   });
   return {dz, dpos, dtime};
 }
