@@ -26,7 +26,7 @@ setup: $(KERNEL_STAMP)
 $(DEPS_STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install -q torch==2.13.0
-	GRLIB_SKIP_EXT=1 $(PIP) install -q --no-build-isolation -e '.[test]'
+	GRLIB_SKIP_EXT=1 $(PIP) install -q --no-build-isolation -e '.[cpu,test]'
 	mkdir -p $(VENV)/etc/ipython
 	printf "c.IPKernelApp.log_level = 'ERROR'\n" > $(VENV)/etc/ipython/ipython_kernel_config.py
 	touch $@
@@ -37,7 +37,7 @@ $(KERNEL_STAMP): $(DEPS_STAMP) $(KERNEL_SOURCES)
 	touch $@
 
 $(TEST_STAMP): $(DEPS_STAMP)
-	GRLIB_SKIP_EXT=1 $(PIP) install -q --no-build-isolation -e '.[test,interpret]'
+	GRLIB_SKIP_EXT=1 $(PIP) install -q --no-build-isolation -e '.[cpu,test,interpret]'
 	touch $@
 
 .dvc/config: | $(DEPS_STAMP)
