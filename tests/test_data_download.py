@@ -1,9 +1,16 @@
 """Download and extraction against a local HTTP server (127.0.0.1, started here; Range support,
-optionally cut after N bytes): resume, checksum, truncated archive, disk check, cache variable."""
+optionally cut after N bytes): resume, checksum, truncated archive, disk checks before a download
+and an extraction, disk full mid-download, cache variable, mirror (option and variable), prepare
+from a folder of log files (--raw-dir)."""
 from __future__ import annotations
 
+import errno
 import hashlib
 import io
+import json
+import os
+import re
+import stat
 import tarfile
 import threading
 from collections import namedtuple
@@ -27,7 +34,7 @@ class LocalServer:
     can close the connection after `cut_after` bytes of the file while promising all of them."""
 
     def __init__(self, payload: bytes):
-        self.payload, self.cut_after, self.honour_range, self.ranges = payload, None, True, []
+        self.payload, self.cut_after, self.honour_range, self.ranges, self.paths = payload, None, True, [], []
         server = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -37,6 +44,7 @@ class LocalServer:
             def do_GET(self):
                 rng = self.headers.get("Range")
                 server.ranges.append(rng)
+                server.paths.append(self.path)
                 start = int(rng.split("=")[1].split("-")[0]) if rng and server.honour_range else 0
                 body = server.payload[start:]
                 self.send_response(206 if start else 200)
@@ -56,8 +64,12 @@ class LocalServer:
         self.thread.start()
 
     @property
+    def base(self) -> str:
+        return f"http://127.0.0.1:{self.httpd.server_address[1]}"
+
+    @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.httpd.server_address[1]}/archive.tar.gz"
+        return f"{self.base}/archive.tar.gz"
 
     def close(self) -> None:
         self.httpd.shutdown()
@@ -90,10 +102,13 @@ def server(payload):
     srv.close()
 
 
-def _spec(server: LocalServer, md5: str | None = None) -> DatasetSpec:
-    return DatasetSpec(name="tiny", url=server.url, md5=md5 or hashlib.md5(server.payload).hexdigest(),
+def _spec(server: LocalServer, md5: str | None = None, url: str | None = None) -> DatasetSpec:
+    return DatasetSpec(name="tiny", url=url or server.url, md5=md5 or hashlib.md5(server.payload).hexdigest(),
                        archive="Tiny.tar.gz", archive_bytes=len(server.payload), exact_size=True,
                        extracted_bytes=10_000_000, log_files=LOGS)
+
+
+UNREACHABLE = "https://zenodo.invalid/records/1/files/Tiny.tar.gz"  # .invalid never resolves
 
 
 def test_cut_download_resumes_from_the_byte_it_had(server, tmp_path):
@@ -176,3 +191,148 @@ def test_registry_holds_the_published_facts():
     assert len(spec.log_files) == 4
     with pytest.raises(KeyError, match="registered: kuairand-pure"):
         registry.get("kuairand-2k")
+
+
+def test_mirror_option_replaces_the_base_keeps_the_file_name_and_wins_over_the_variable(server, tmp_path,
+                                                                                       monkeypatch):
+    spec = _spec(server, url=UNREACHABLE)
+    monkeypatch.setenv("GRLIB_MIRROR", "http://127.0.0.1:9/not-this-one")
+    path = download.fetch(spec, tmp_path / "cache", mirror=f"{server.base}/mirror/kuairand/")
+    assert path.read_bytes() == server.payload and server.paths == ["/mirror/kuairand/Tiny.tar.gz"]
+
+
+def test_mirror_variable_and_the_cli_option(server, tmp_path, monkeypatch, capsys):
+    spec = _spec(server, url=UNREACHABLE)
+    monkeypatch.setenv("GRLIB_MIRROR", f"{server.base}/from-env")
+    assert [p.name for p in download.log_paths(spec, tmp_path / "a")] == list(LOGS)
+    monkeypatch.delenv("GRLIB_MIRROR")
+    monkeypatch.setitem(registry.DATASETS, "kuairand-pure", spec)
+    assert main(["data", "download", "--dataset", "kuairand-pure", "--cache", str(tmp_path / "b"),
+                 "--mirror", f"{server.base}/from-cli"]) == 0
+    assert [Path(p).name for p in capsys.readouterr().out.split()] == list(LOGS)
+    assert server.paths == ["/from-env/Tiny.tar.gz", "/from-cli/Tiny.tar.gz"]
+
+
+def test_a_mirror_is_md5_checked_and_a_bad_mirror_url_is_named(server, tmp_path, monkeypatch):
+    cache = tmp_path / "cache"
+    with pytest.raises(download.DownloadError, match=rf"{server.base}/m/Tiny.tar.gz: checksum mismatch"):
+        download.fetch(_spec(server, md5="0" * 32, url=UNREACHABLE), cache, mirror=f"{server.base}/m")
+    assert list(cache.iterdir()) == []
+    with pytest.raises(download.DownloadError, match=r"--mirror 'ftp://host/x': not an http\(s\) URL"):
+        download.fetch(_spec(server), cache, mirror="ftp://host/x")
+    monkeypatch.setenv("GRLIB_MIRROR", "mirror.example/kuairand")
+    with pytest.raises(download.DownloadError, match=r"GRLIB_MIRROR 'mirror.example/kuairand': not an http"):
+        download.fetch(_spec(server), cache)
+    assert server.paths == ["/m/Tiny.tar.gz"]  # the bad URLs asked nothing of anyone
+
+
+def _usage(free: int):
+    usage = namedtuple("usage", "total used free")
+    return lambda path: usage(10**12, 10**12 - free, free)
+
+
+def test_free_disk_is_checked_before_a_download_less_the_partial_file(server, tmp_path, monkeypatch, capsys):
+    spec, cache = _spec(server), tmp_path / "cache"
+    cache.mkdir()
+    part = cache / "Tiny.tar.gz.part"
+    part.write_bytes(server.payload[:8000])  # an interrupted download: 8,000 bytes already there
+    rest = len(server.payload) - 8000
+    monkeypatch.setattr(download.shutil, "disk_usage", _usage(rest))  # the rest fits, the 5% margin does not
+    monkeypatch.setitem(registry.DATASETS, "kuairand-pure", spec)
+    assert main(["data", "download", "--dataset", "kuairand-pure", "--cache", str(cache)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and re.search(
+        rf"error: not enough disk to download and extract Tiny.tar.gz: needs .* \({rest + 10_000_000:,} bytes "
+        rf"\+ 5%\), .* \({rest:,} bytes\) free on {cache}", err)
+    with pytest.raises(download.DownloadError, match=rf"not enough disk to download Tiny.tar.gz: needs .* "
+                       rf"\({rest:,} bytes \+ 5%\), .* \({rest:,} bytes\) free on {cache}"):
+        download.fetch(spec, cache)
+    assert server.ranges == [] and part.read_bytes() == server.payload[:8000]  # nothing asked, nothing lost
+
+    monkeypatch.setattr(download.shutil, "disk_usage", _usage(int(rest * 1.06)))  # < the whole archive + 5%
+    assert download.fetch(spec, cache).read_bytes() == server.payload
+    assert server.ranges == ["bytes=8000-"]
+
+
+class _FillsUp:
+    """A file that takes `room` bytes, then fails like a full disk (ENOSPC)."""
+
+    def __init__(self, fh, room: int):
+        self.fh, self.room = fh, room
+
+    def write(self, data: bytes) -> int:
+        if len(data) > self.room:
+            self.fh.write(data[:self.room])
+            self.room = 0
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        self.room -= len(data)
+        return self.fh.write(data)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.fh.close()
+
+
+def test_disk_full_mid_download_says_so_and_the_next_call_resumes(server, tmp_path, monkeypatch):
+    spec, cache = _spec(server), tmp_path / "cache"
+    room, total = 12_345, len(server.payload)
+    monkeypatch.setattr(download, "open", lambda path, mode: _FillsUp(open(path, mode), room), raising=False)
+    with pytest.raises(download.DownloadError) as info:
+        download.fetch(spec, cache)
+    message = str(info.value)
+    assert "\n" not in message and re.search(
+        rf"the disk is full \(No space left on device\) on {cache} after {room:,} bytes of {total:,}: "
+        rf"{total - room:,} more bytes \(.*\) are needed; {cache / 'Tiny.tar.gz.part'} is kept, free some "
+        rf"space and run again to resume", message)
+    assert (cache / "Tiny.tar.gz.part").read_bytes() == server.payload[:room]
+
+    monkeypatch.delattr(download, "open")
+    assert download.fetch(spec, cache).read_bytes() == server.payload
+    assert server.ranges[-1] == f"bytes={room}-"
+
+
+def _raw_folder(payload: bytes, folder: Path) -> Path:
+    """The archive's logs, unpacked somewhere below `folder` (as a user might have them)."""
+    with tarfile.open(fileobj=io.BytesIO(payload), mode="r:gz") as tf:
+        tf.extractall(folder / "downloads" / "kuairand", filter="data")
+    return folder
+
+
+def test_prepare_reads_the_log_files_from_any_folder(server, payload, tmp_path, monkeypatch, capsys,
+                                                     isolated_outputs):
+    monkeypatch.setitem(registry.DATASETS, "kuairand-pure", _spec(server, url=UNREACHABLE))
+    raw = _raw_folder(payload, tmp_path / "mine")
+    out = tmp_path / "seqs"
+    args = ["data", "prepare", "--dataset", "kuairand-pure", "--out", str(out), "--max-len", "16"]
+    assert main([*args, "--raw-dir", str(raw)]) == 0
+    stats = json.loads(capsys.readouterr().out)
+    logs = sorted(raw.rglob("log_standard_*_tiny.csv"))
+    assert stats["rows"] == sum(len(p.read_text().splitlines()) - 1 for p in logs)
+    assert stats["dataset"] == "kuairand-pure"
+    assert server.ranges == []  # nothing downloaded
+
+    logs[1].unlink()
+    assert main([*args, "--raw-dir", str(raw)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and (
+        f"error: {raw}: 1 of the 2 files not found in the raw folder of tiny (searched in subfolders too): "
+        f"{LOGS[1]}") in err
+    assert main([*args, "--raw-dir", str(tmp_path / "nowhere")]) == 2
+    assert f"{tmp_path / 'nowhere'}: folder not found" in capsys.readouterr().err
+    (raw / "copy").mkdir()
+    (raw / "copy" / LOGS[0]).write_text(logs[0].read_text())
+    assert main([*args, "--raw-dir", str(raw)]) == 2
+    assert f"{LOGS[0]} found 2 times" in capsys.readouterr().err
+
+
+def test_extracted_folders_honour_the_umask(payload, tmp_path):
+    archive = tmp_path / "Tiny.tar.gz"
+    archive.write_bytes(payload)
+    old = os.umask(0o027)
+    try:
+        dest = download.extract(archive, tmp_path / "tiny", needed=1000)
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE(dest.stat().st_mode) == 0o750

@@ -3,6 +3,7 @@ filters, ties, sparse ids, stats; every bad input names the file (and line / col
 no output behind."""
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import polars as pl
@@ -10,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from grlib.data.preprocess import prepare_logs, read_log
+from grlib.data.preprocess import BYTES_PER_ROW, prepare_logs, read_log
 from grlib.data.schema import LOG_COLUMNS, LOG_SCHEMA, DataError
 from grlib.data.sequences import build_sequences
 from grlib.data.synthetic import generate_log, write_log_csv
@@ -132,6 +133,22 @@ def _bad_row(column: str, value: str) -> str:
      r"bad.csv, line 5, column 'is_click': empty value"),
     ("\n".join([HEADER, GOOD, _bad_row("user_id", ""), GOOD]) + "\n",
      r"bad.csv, line 3, column 'user_id': empty value"),
+    ("\n".join([HEADER, GOOD, GOOD, GOOD + ",3", GOOD]) + "\n",
+     r"bad.csv, line 4: 20 fields, the header has 19"),
+    ("\n".join([HEADER, GOOD + ",3,4", GOOD]) + "\n",
+     r"bad.csv, line 2: 21 fields, the header has 19"),
+    ("\n".join([HEADER, GOOD, _bad_row("is_click", "7"), GOOD]) + "\n",
+     r"bad.csv, line 3, column 'is_click': 7 is not 0 or 1"),
+    ("\n".join([HEADER, GOOD, GOOD, _bad_row("long_view", "-1")]) + "\n",
+     r"bad.csv, line 4, column 'long_view': -1 is not 0 or 1"),
+    ("\n".join([HEADER, _bad_row("is_hate", "300"), GOOD]) + "\n",  # not even an int8: a parse error
+     r"bad.csv, line 2, column 'is_hate': 300 is not 0 or 1"),
+    ("\n".join([HEADER, GOOD, GOOD, _bad_row("is_rand", "2")]) + "\n",  # a column the sequences do not use
+     r"bad.csv, line 4, column 'is_rand': 2 is not 0 or 1"),
+    ("\n".join([HEADER, GOOD, _bad_row("tab", "")]) + "\n",
+     r"bad.csv, line 3, column 'tab': empty value"),
+    ("\n".join([HEADER, GOOD, _bad_row("is_like", "3"), _bad_row("is_click", "7")]) + "\n",  # the first
+     r"bad.csv, line 3, column 'is_like': 3 is not 0 or 1"),
 ])
 def test_bad_input_names_file_line_column_and_leaves_nothing(tmp_path, text, message):
     path = _write(tmp_path, text)
@@ -147,15 +164,60 @@ def test_bad_input_in_the_second_file_is_named(tmp_path, log_csv):
 
 
 def test_read_log_checks_every_column_and_the_field_count(tmp_path):
-    # (the streaming pass parses only the columns it uses: tab and extra fields are read_log's)
     path = _write(tmp_path, "\n".join([HEADER, GOOD, _bad_row("tab", "main")]) + "\n")
     with pytest.raises(DataError, match=r"line 3, column 'tab': 'main' is not an integer"):
         read_log(path)
     path = _write(tmp_path, "\n".join([HEADER, GOOD, GOOD + ",3", GOOD]) + "\n")
     with pytest.raises(DataError, match=r"bad.csv, line 3: 20 fields, the header has 19"):
         read_log(path)
+    path = _write(tmp_path, "\n".join([HEADER, GOOD, GOOD, _bad_row("is_follow", "5")]) + "\n")
+    with pytest.raises(DataError, match=r"bad.csv, line 4, column 'is_follow': 5 is not 0 or 1"):
+        read_log(path)
     with pytest.raises(DataError, match=r"bad.csv: file not found"):
         read_log(tmp_path / "none" / "bad.csv")
+
+
+def test_a_header_with_an_extra_column_still_counts_fields(tmp_path):
+    """Columns outside the log schema are read (and ignored), so every line's field count is checked."""
+    rows = [GOOD + ",note"] * 5
+    rows[3] = GOOD + ",note,oops"
+    path = _write(tmp_path, "\n".join([HEADER + ",comment", *rows]) + "\n")
+    with pytest.raises(DataError, match=r"bad.csv, line 5: 21 fields, the header has 20"):
+        prepare_logs([path], tmp_path / "out", max_len=8)
+    with pytest.raises(DataError, match=r"bad.csv, line 5: 21 fields, the header has 20"):
+        read_log(path)
+    rows[3] = GOOD + ","  # an empty cell in a column outside the schema is fine
+    path = _write(tmp_path, "\n".join([HEADER + ",comment", *rows]) + "\n")
+    assert prepare_logs([path], tmp_path / "out", max_len=8)["rows"] == 5
+
+
+def test_the_first_bad_row_in_file_order_is_named_across_buckets_and_files(tmp_path, log_csv):
+    """Two bad rows: the later one sits in a bucket read before the earlier one's; the earlier is named."""
+    lines = log_csv.read_text().splitlines()
+    click = lines[0].split(",").index("is_click")
+    buckets = math.ceil((log_csv.stat().st_size // BYTES_PER_ROW) / 500)
+    bucket_of = {n: int(lines[n - 1].split(",")[0]) % buckets for n in range(2, len(lines) + 1)}
+    late = next(n for n in range(len(lines), 1, -1) if bucket_of[n] == 0)
+    early = next(n for n in range(2, late) if bucket_of[n] > 0)
+    for n, value in ((late, "9"), (early, "8")):
+        fields = lines[n - 1].split(",")
+        fields[click] = value
+        lines[n - 1] = ",".join(fields)
+    path = _write(tmp_path, "\n".join(lines) + "\n", "spoilt.csv")
+    with pytest.raises(DataError, match=rf"spoilt.csv, line {early}, column 'is_click': 8 is not 0 or 1"):
+        prepare_logs([path], tmp_path / "out", max_len=8, bucket_rows=500)
+    with pytest.raises(DataError, match=rf"spoilt.csv, line {early}, column 'is_click': 8 "):  # 2nd file
+        prepare_logs([log_csv, path], tmp_path / "out", max_len=8, bucket_rows=500)
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("value,dtype", [(7, pl.Int8), (300, pl.Int64)])
+def test_a_frame_with_an_out_of_range_flag_is_named(tmp_path, value, dtype):
+    log = generate_log(5, 0.002, 20, seed=0)
+    log = log.with_columns(pl.when(pl.int_range(pl.len()) == 3).then(value).otherwise(pl.col("is_click"))
+                           .cast(dtype).alias("is_click"))
+    with pytest.raises(DataError, match=rf"source 1 \(a frame\), row 3, column 'is_click': {value} is not 0 or 1"):
+        prepare_logs([log.clear(), log], tmp_path / "out", max_len=8)
 
 
 def test_a_frame_with_a_missing_column_is_named(tmp_path):

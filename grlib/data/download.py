@@ -4,32 +4,48 @@
                       that resumes a partial file with an HTTP Range request)
     extract(spec)  -> the extracted folder, after a free-disk check
     log_paths(spec) -> the log files of a dataset, fetching and extracting what is missing
+    find_files(folder, names) -> the named files anywhere under a folder (`data prepare --raw-dir`)
 
 Cache: $GRLIB_CACHE_DIR, else the user cache (pooch.os_cache("grlib"), e.g. ~/.cache/grlib).
 A download in progress lives in <cache>/<archive>.part; an interrupted one is resumed from its
 last byte by the next call. A complete download is renamed to a temporary name, md5-checked by
 pooch and only then moved to <cache>/<archive>; on a checksum mismatch nothing is left in the
 cache. Archives extract into a temporary sibling folder renamed to <cache>/<dataset> when done.
+
+Mirror: `mirror=URL` (CLI `--mirror URL`), else the environment variable GRLIB_MIRROR, replaces
+the base of the registry URL and keeps its file name: GRLIB_MIRROR=https://mirror.example/kuairand
+fetches https://mirror.example/kuairand/KuaiRand-27K.tar.gz. The md5 is checked all the same.
+
+Disk: before a download starts, the cache's file system must have the archive's bytes (less a
+partial file already there) plus 5% free, and log_paths also asks for the extracted size up
+front; else DownloadError with the folder, the bytes needed and the bytes free. A disk that fills
+up mid-download (ENOSPC, EDQUOT) raises DownloadError saying so and how many bytes are still
+needed; the partial file is kept and the next call resumes from it.
 """
 from __future__ import annotations
 
+import errno
 import os
+import posixpath
 import shutil
 import tarfile
 import tempfile
 import zipfile
 import zlib
 from pathlib import Path
+from urllib.parse import urlparse
 
 import pooch
 import requests
 
+from grlib import io
 from grlib.data.registry import DatasetSpec
 from grlib.data.schema import DataError
 from grlib.progress import bar
 
 CHUNK = 1 << 20
-DISK_MARGIN = 1.05  # extraction needs the published size plus 5%
+DISK_MARGIN = 1.05  # a download or an extraction needs its size plus 5%
+MIRROR_ENV = "GRLIB_MIRROR"
 
 
 class DownloadError(DataError):
@@ -39,6 +55,18 @@ class DownloadError(DataError):
 def cache_dir() -> Path:
     env = os.environ.get("GRLIB_CACHE_DIR")
     return Path(env).expanduser().resolve() if env else Path(pooch.os_cache("grlib"))
+
+
+def mirror_url(url: str, mirror: str | None = None) -> str:
+    """`url`, or its file name under `mirror` (else under $GRLIB_MIRROR) when one is given."""
+    source = "--mirror" if mirror else MIRROR_ENV
+    mirror = mirror or os.environ.get(MIRROR_ENV) or None
+    if mirror is None:
+        return url
+    parsed = urlparse(mirror)
+    if parsed.scheme not in ("http", "https") or not parsed.netloc:
+        raise DownloadError(f"{source} {mirror!r}: not an http(s) URL (expected e.g. https://host/folder)")
+    return mirror.rstrip("/") + "/" + posixpath.basename(urlparse(url).path)
 
 
 def _human(n: float) -> str:
@@ -87,6 +115,8 @@ class ResumableDownloader:
                         got += len(chunk)
                         progress.update(len(chunk))
             except (requests.RequestException, OSError) as err:
+                if isinstance(err, OSError) and err.errno in (errno.ENOSPC, errno.EDQUOT):
+                    raise self._disk_full(url, total, err) from err
                 raise DownloadError(f"{url}: interrupted at byte {got:,}"
                                     f"{f' of {total:,}' if total else ''} ({type(err).__name__}); "
                                     f"{self.part} is kept and the next call resumes from there") from err
@@ -96,23 +126,42 @@ class ResumableDownloader:
         os.replace(self.part, output_file)  # pooch checks the md5, then moves it into the cache
         return None
 
+    def _disk_full(self, url: str, total: int | None, err: OSError) -> DownloadError:
+        have = self.part.stat().st_size if self.part.exists() else 0
+        rest = (f"{total - have:,} more bytes ({_human(total - have)}) are needed" if total
+                else "the rest of the file is needed (size unknown)")
+        return DownloadError(f"{url}: the disk is full ({os.strerror(err.errno)}) on {self.part.parent} after "
+                             f"{have:,} bytes{f' of {total:,}' if total else ''}: {rest}; {self.part} is kept, "
+                             f"free some space and run again to resume from there")
 
-def fetch(spec: DatasetSpec, cache: Path | None = None) -> Path:
-    """The dataset's archive in the cache: downloaded (or resumed) and md5-verified."""
+
+def download_bytes_needed(spec: DatasetSpec, cache: Path) -> int:
+    """Bytes the download of spec's archive still writes into `cache` (0 when it is there)."""
+    if (cache / spec.archive).is_file():
+        return 0
+    part = cache / f"{spec.archive}.part"
+    return max(0, spec.archive_bytes - (part.stat().st_size if part.exists() else 0))
+
+
+def fetch(spec: DatasetSpec, cache: Path | None = None, mirror: str | None = None) -> Path:
+    """The dataset's archive in the cache: downloaded (or resumed) from spec.url or its mirror
+    (mirror_url), after a free-disk check, and md5-verified."""
     cache = Path(cache) if cache else cache_dir()
+    url = mirror_url(spec.url, mirror)
     cache.mkdir(parents=True, exist_ok=True)
     part = cache / f"{spec.archive}.part"
+    check_disk(cache, download_bytes_needed(spec, cache), f"download {spec.archive}", DownloadError)
     downloader = ResumableDownloader(part, spec.archive_bytes if spec.exact_size else None)
     try:
-        path = pooch.retrieve(spec.url, known_hash=f"md5:{spec.md5}", fname=spec.archive, path=cache,
+        path = pooch.retrieve(url, known_hash=f"md5:{spec.md5}", fname=spec.archive, path=cache,
                               downloader=downloader, progressbar=False)
     except DataError:  # interrupted or refused download: the partial file stays for a resume
         raise
     except ValueError as err:  # pooch: hash mismatch (its temporary file is already deleted)
         part.unlink(missing_ok=True)
-        raise DownloadError(f"{spec.url}: checksum mismatch, nothing kept in {cache} ({err})") from err
+        raise DownloadError(f"{url}: checksum mismatch, nothing kept in {cache} ({err})") from err
     except requests.RequestException as err:
-        raise DownloadError(f"{spec.url}: {err}; a partial file, if any, is kept in {part}") from err
+        raise DownloadError(f"{url}: {err}; a partial file, if any, is kept in {part}") from err
     return Path(path)
 
 
@@ -127,12 +176,12 @@ def _members_size(archive: Path) -> int:
         raise DataError(f"{archive}: truncated or corrupt archive ({type(err).__name__}: {err})") from err
 
 
-def check_disk(folder: Path, needed: int, what: str) -> None:
-    """DataError (with both sizes) when `folder`'s file system has less than needed * 1.05 free."""
+def check_disk(folder: Path, needed: int, what: str, error: type[DataError] = DataError) -> None:
+    """`error` (with both sizes) when `folder`'s file system has less than needed * 1.05 free."""
     free = shutil.disk_usage(folder).free
     if free < needed * DISK_MARGIN:
-        raise DataError(f"not enough disk to {what}: needs {_human(needed * DISK_MARGIN)} "
-                        f"({needed:,} bytes + 5%), {_human(free)} ({free:,} bytes) free on {folder}")
+        raise error(f"not enough disk to {what}: needs {_human(needed * DISK_MARGIN)} "
+                    f"({needed:,} bytes + 5%), {_human(free)} ({free:,} bytes) free on {folder}")
 
 
 def extract(archive: Path, dest: Path, needed: int | None = None) -> Path:
@@ -145,6 +194,7 @@ def extract(archive: Path, dest: Path, needed: int | None = None) -> Path:
     needed = needed if needed is not None else _members_size(archive)
     check_disk(dest.parent, needed, f"extract {archive.name}")
     tmp = Path(tempfile.mkdtemp(dir=dest.parent, prefix=f".{dest.name}."))
+    os.chmod(tmp, 0o777 & ~io.umask())  # mkdtemp makes 0700 whatever the umask
     try:
         if zipfile.is_zipfile(archive):
             with zipfile.ZipFile(archive) as zf:
@@ -163,21 +213,33 @@ def extract(archive: Path, dest: Path, needed: int | None = None) -> Path:
     return dest
 
 
-def find_files(folder: Path, names: tuple[str, ...]) -> list[Path]:
-    """Each of `names` somewhere under folder (archives nest them, e.g. KuaiRand-27K/data/)."""
-    found = []
+def find_files(folder: Path, names: tuple[str, ...], what: str = "the extracted archive") -> list[Path]:
+    """Each of `names` somewhere under folder (archives nest them, e.g. KuaiRand-27K/data/);
+    DataError listing every name not found, or a name found more than once."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise DataError(f"{folder}: folder not found ({what})")
+    found, missing = [], []
     for name in names:
-        hits = sorted(folder.rglob(name))
-        if not hits:
-            raise DataError(f"{folder}: {name} not found in the extracted archive")
-        found.append(hits[0])
+        hits = sorted(p for p in folder.rglob(name) if p.is_file())
+        if len(hits) > 1:
+            raise DataError(f"{folder}: {name} found {len(hits)} times ({', '.join(map(str, hits))}); "
+                            f"point at a folder that holds one copy")
+        (found.append(hits[0]) if hits else missing.append(name))
+    if missing:
+        raise DataError(f"{folder}: {len(missing)} of the {len(names)} files not found in {what} "
+                        f"(searched in subfolders too): {', '.join(missing)}")
     return found
 
 
-def log_paths(spec: DatasetSpec, cache: Path | None = None) -> list[Path]:
-    """The dataset's log files, downloading and extracting whatever is not in the cache yet."""
+def log_paths(spec: DatasetSpec, cache: Path | None = None, mirror: str | None = None) -> list[Path]:
+    """The dataset's log files, downloading (from spec.url or a mirror) and extracting whatever is
+    not in the cache yet; the disk must hold both the rest of the download and the extraction."""
     cache = Path(cache) if cache else cache_dir()
     folder = cache / spec.name
     if not folder.is_dir():
-        extract(fetch(spec, cache), folder, spec.extracted_bytes)
+        cache.mkdir(parents=True, exist_ok=True)
+        check_disk(cache, download_bytes_needed(spec, cache) + spec.extracted_bytes,
+                   f"download and extract {spec.archive}", DownloadError)
+        extract(fetch(spec, cache, mirror), folder, spec.extracted_bytes)
     return find_files(folder, spec.log_files)

@@ -1,20 +1,29 @@
 """Streaming preprocessing: raw KuaiRand-schema logs (CSV files or frames) -> sequences.parquet,
 vocab.parquet and stats.json, in memory bounded by one bucket of users.
 
-  pass 1  every source is scanned lazily (polars streaming engine) and sunk to parquet,
-          partitioned by bucket = user_id mod K, K = estimated rows / bucket_rows;
+  pass 1  every source is scanned lazily (polars streaming engine) and sunk to Arrow IPC parts,
+          partitioned by bucket = user_id mod K, K = estimated rows / bucket_rows; each row
+          also gets `_bad` (bad_row_expr: an empty cell, or a 0/1 flag outside {0, 1});
+  check   the `_bad` column of every part (1 byte a row); the first bad row in file order is read
+          back from its file and reported;
   vocab   video counts read back from those parts (memory ~ distinct videos, not rows);
   pass 2  one bucket at a time: video ids through the vocabulary, sort by (user, time_ms, file
           order), `sequences.group_sequences` (the in-memory `build_sequences` uses the same
           function), appended to sequences.parquet as row groups.
 
 Rows of sequences.parquet are ordered by (user_id mod K, user_id); K = 1 (small inputs) gives
-plain user order. Pass 1 parses the 13 columns the sequences use (USED_COLUMNS); a missing
-column, an empty file, or an empty / non-integer value in those columns raises DataError naming
-the file and, for a value, its line and column (found by a diagnosis scan that runs only on
-error). `read_log` checks all 19 columns and the field count of every line. The output folder
-appears only when complete (built in a temporary sibling, renamed); the parts need about 43 bytes
-of temporary disk per row.
+plain user order. Every column of a CSV is read, the 13 of USED_COLUMNS for the sequences and
+the others only to be checked (polars counts the fields of a line only when it reads them all).
+DataError, naming the file and, for a row, its line (header = line 1) and column: a missing
+column, an empty file, a line with more fields than the header, an empty or non-integer value,
+a 0/1 flag (FLAG_COLUMNS) with another value (a line with fewer fields shows as an empty value
+in its last columns). A parse error is located by a diagnosis scan that runs only on error.
+`read_log` makes the same checks.
+
+Output: built in a temporary sibling folder and renamed when complete (grlib.io.output_dir); an
+existing folder is replaced only if grlib made it (its marker file, or, from versions before the
+marker, nothing but PREPARED_FILES), else OutputRefused. The parts need about 44 bytes of
+temporary disk per row.
 """
 from __future__ import annotations
 
@@ -22,7 +31,6 @@ import csv
 import json
 import math
 import shutil
-import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -30,15 +38,17 @@ import numpy as np
 import polars as pl
 import pyarrow.parquet as pq
 
+from grlib import io
 from grlib.data.download import check_disk
-from grlib.data.schema import ACTION_BITS, LOG_COLUMNS, LOG_SCHEMA, OOV_ID, DataError
+from grlib.data.schema import ACTION_BITS, FLAG_COLUMNS, LOG_COLUMNS, LOG_SCHEMA, OOV_ID, DataError
 from grlib.data.sequences import event_columns, group_sequences, vocab_from_counts
 from grlib.progress import bar
 
 USED_COLUMNS = ("user_id", "video_id", "time_ms", *ACTION_BITS, "play_time_ms", "duration_ms")
+PREPARED_FILES = ("sequences.parquet", "vocab.parquet", "stats.json")  # what prepare_logs writes
 BYTES_PER_ROW = 60  # a KuaiRand log row is 60-95 bytes of CSV: the low end sizes the buckets
 SOURCE_BITS = 40  # file order key = source index << 40 | row index inside the source
-PART_BYTES_PER_ROW = 43  # pass-1 parts: _row, user, video, time 8 each; actions 2; play, duration 4; target 1
+PART_BYTES_PER_ROW = 44  # pass-1 parts: _row, user, video, time 8 each; actions 2; play, duration 4; target, _bad 1
 Source = Path | pl.DataFrame
 
 
@@ -63,40 +73,105 @@ def check_header(path: Path) -> list[str]:
 
 
 def scan_log(path: Path, columns: Sequence[str] = LOG_COLUMNS, row_index: str | None = None) -> pl.LazyFrame:
-    """One raw log CSV as a lazy frame with LOG_SCHEMA's dtypes (header checked first)."""
+    """One raw log CSV as a lazy frame with LOG_SCHEMA's dtypes (header checked first; values are
+    not checked: read_log and prepare_logs do that)."""
     check_header(path)
     lf = pl.scan_csv(path, schema_overrides=LOG_SCHEMA, infer_schema=False, row_index_name=row_index)
     return lf.select(*([row_index] if row_index else []), *columns)
 
 
+def bad_row_expr(columns: Sequence[str], others: Sequence[str] = ()) -> pl.Expr:
+    """`_bad`: True on a row with an empty cell in `columns` or a 0/1 flag of `columns` outside
+    {0, 1}. `others` (text columns outside the log schema) are referenced by a term that is always
+    False, so that polars reads every field of a line and so checks the field count."""
+    terms = [pl.col(c).is_null() for c in columns]
+    terms += [~pl.col(c).is_between(0, 1) for c in columns if c in FLAG_COLUMNS]
+    terms += [(pl.col(c).str.len_bytes() < 0).fill_null(False) for c in others]
+    return pl.any_horizontal(terms).fill_null(True).alias("_bad")
+
+
+def _scan_checked(path: Path) -> pl.LazyFrame:
+    """A raw log CSV as a lazy frame: every column (LOG_SCHEMA's dtypes, others as text), `_row`
+    (0-based data row: line = _row + 2) and `_bad` over the 19 log columns. A line with more
+    fields than the header, or a value that does not parse, fails the scan (PolarsError)."""
+    check_header(path)
+    lf = pl.scan_csv(path, schema_overrides=LOG_SCHEMA, infer_schema=False, row_index_name="_row")
+    others = [c for c in lf.collect_schema().names() if c != "_row" and c not in LOG_SCHEMA]
+    return lf.with_columns(bad_row_expr(LOG_COLUMNS, others))
+
+
 def read_log(path: Path) -> pl.DataFrame:
-    """A whole raw log CSV, all 19 columns with LOG_SCHEMA's dtypes; bad values raise DataError."""
+    """A whole raw log CSV, all 19 columns with LOG_SCHEMA's dtypes; bad rows raise DataError."""
+    path = Path(path)
     try:
-        df = scan_log(path).collect()
+        df = _scan_checked(path).collect()
     except pl.exceptions.PolarsError as err:
-        raise diagnose([Path(path)], LOG_COLUMNS, err) from err
-    if sum(df.null_count().row(0)):
-        raise diagnose([Path(path)], LOG_COLUMNS, None)
-    return df
+        raise diagnose([path], LOG_COLUMNS, err) from err
+    bad = df.filter("_bad")
+    if bad.height:
+        raise _bad_row_error([path], int(bad["_row"][0]))
+    return df.select(LOG_COLUMNS)
+
+
+def _cell_problem(column: str, value: object) -> str | None:
+    """What is wrong with one cell (its text, or a frame's value) of a log column, or None."""
+    if value is None or not str(value).strip():
+        return "empty value"
+    try:
+        number = int(str(value).strip())
+    except ValueError:
+        return f"{value!r} is not an integer (expected {LOG_SCHEMA[column]})"
+    if column in FLAG_COLUMNS and number not in (0, 1):
+        return f"{number} is not 0 or 1 (a 0/1 flag)"
+    return None
+
+
+def _row_error(where: str, row: dict, columns: Sequence[str], flagged: Sequence[str] = ()) -> DataError:
+    """DataError for one bad row: the first of `columns` with a _cell_problem (else the first
+    `flagged` column, a value polars could not parse as its dtype)."""
+    for col in columns:
+        problem = _cell_problem(col, row.get(col)) if col in row else None
+        if problem:
+            return DataError(f"{where}, column {col!r}: {problem}")
+    if flagged:
+        col = flagged[0]
+        return DataError(f"{where}, column {col!r}: {row[col]!r} does not fit {LOG_SCHEMA[col]}")
+    return DataError(f"{where}: bad row (no bad cell found)")
+
+
+def _bad_row_error(sources: Sequence[Source], key: int) -> DataError:
+    """DataError for the row of `sources` with file order key `key` (source << SOURCE_BITS | row)."""
+    i, row = key >> SOURCE_BITS, key & ((1 << SOURCE_BITS) - 1)
+    src = sources[i]
+    if isinstance(src, pl.DataFrame):
+        return _row_error(f"source {i} (a frame), row {row}", src.row(row, named=True), LOG_COLUMNS)
+    values = pl.scan_csv(src, infer_schema=False).slice(row, 1).collect().row(0, named=True)
+    return _row_error(f"{src}, line {row + 2}", values, LOG_COLUMNS)
 
 
 def _first_bad_value(path: Path, columns: Sequence[str]) -> DataError | None:
-    """The first empty or non-integer cell of `columns` in a CSV (a diagnosis pass, on error only)."""
+    """The first line of a CSV with an empty, non-integer or (0/1 flag) out-of-range value in
+    `columns`, or with more fields than the header (a diagnosis pass, on error only)."""
     lf = pl.scan_csv(path, infer_schema=False, row_index_name="_line")  # every column as text
-    bad = [(pl.col(c).is_null() | pl.col(c).str.strip_chars().cast(LOG_SCHEMA[c], strict=False).is_null())
-           .alias(f"_bad_{c}") for c in columns]
+    others = [c for c in lf.collect_schema().names() if c != "_line" and c not in columns]
+    bad = []
+    for c in columns:
+        parsed = pl.col(c).str.strip_chars().cast(pl.Int64 if c in FLAG_COLUMNS else LOG_SCHEMA[c], strict=False)
+        flag = pl.col(c).is_null() | parsed.is_null()
+        if c in FLAG_COLUMNS:
+            flag = flag | ~parsed.is_between(0, 1)
+        bad.append(flag.fill_null(True).alias(f"_bad_{c}"))
+    keep = [(pl.col(c).str.len_bytes() < 0).fill_null(False) for c in others]  # read every field
     try:
-        hit = (lf.with_columns(bad).filter(pl.any_horizontal(f"_bad_{c}" for c in columns))
+        hit = (lf.with_columns(bad).filter(pl.any_horizontal([f"_bad_{c}" for c in columns] + keep))
                .head(1).collect())
     except pl.exceptions.PolarsError:
         return _first_ragged_line(path)
     if hit.height == 0:
         return None
     row = hit.row(0, named=True)
-    col = next(c for c in columns if row[f"_bad_{c}"])
-    line, value = row["_line"] + 2, row[col]  # line 1 is the header
-    what = "empty value" if value is None or not value.strip() else f"{value!r} is not an integer"
-    return DataError(f"{path}, line {line}, column {col!r}: {what} (expected {LOG_SCHEMA[col]})")
+    return _row_error(f"{path}, line {row['_line'] + 2}", row, columns,
+                      [c for c in columns if row[f"_bad_{c}"]])
 
 
 def _first_ragged_line(path: Path) -> DataError | None:
@@ -113,11 +188,11 @@ def diagnose(sources: Sequence[Source], columns: Sequence[str], err: Exception |
     """A DataError naming the first bad file / line / column among `sources`."""
     for i, src in enumerate(sources):
         if isinstance(src, pl.DataFrame):
-            nulls = src.select(columns).with_row_index("_row").filter(pl.any_horizontal(pl.col(columns).is_null()))
-            if nulls.height:
-                row = nulls.row(0, named=True)
-                col = next(c for c in columns if row[c] is None)
-                return DataError(f"source {i} (a frame), row {row['_row']}, column {col!r}: empty value")
+            present = [c for c in columns if c in src.columns]
+            hits = src.select(present).with_row_index("_row").filter(bad_row_expr(present))
+            if hits.height:
+                row = hits.row(0, named=True)
+                return _row_error(f"source {i} (a frame), row {row['_row']}", row, present)
         else:
             found = _first_bad_value(src, columns)
             if found is not None:
@@ -127,14 +202,17 @@ def diagnose(sources: Sequence[Source], columns: Sequence[str], err: Exception |
 
 
 def _lazy_source(i: int, src: Source) -> pl.LazyFrame:
+    """Source i with its log columns, `_row` (file order key) and `_bad`."""
     if isinstance(src, pl.DataFrame):
         missing = [c for c in USED_COLUMNS if c not in src.columns]
         if missing:
             raise DataError(f"source {i} (a frame): missing column{'s' * (len(missing) > 1)} "
                             f"{', '.join(map(repr, missing))}")
-        lf = src.lazy().select(USED_COLUMNS).cast({c: LOG_SCHEMA[c] for c in USED_COLUMNS}).with_row_index("_row")
+        present = [c for c in LOG_COLUMNS if c in src.columns]
+        lf = (src.lazy().select(present).with_columns(bad_row_expr(present))
+              .cast({c: LOG_SCHEMA[c] for c in present}).with_row_index("_row"))
     else:
-        lf = scan_log(Path(src), USED_COLUMNS, row_index="_row")
+        lf = _scan_checked(Path(src))
     return lf.with_columns((pl.col("_row").cast(pl.Int64) + (i << SOURCE_BITS)).alias("_row"))
 
 
@@ -143,29 +221,26 @@ def estimated_rows(sources: Sequence[Source]) -> int:
                for s in sources)
 
 
+def check_output(out: Path) -> None:
+    """OutputRefused unless prepare_logs may write `out` (see the module docstring)."""
+    io.check_replaceable(Path(out), legacy=PREPARED_FILES)
+
+
 def prepare_logs(sources: Sequence[Source], out: Path, *, max_len: int, min_item_count: int = 1,
                  target: str = "is_click", context: str = "all", bucket_rows: int = 2_000_000,
                  extra_stats: dict | None = None) -> dict:
-    """Raw logs -> out/{sequences,vocab}.parquet + out/stats.json (replacing out atomically).
+    """Raw logs -> out/{sequences,vocab}.parquet + out/stats.json, through grlib.io.output_dir:
+    `out` appears complete or not at all, and only replaces a folder grlib made.
 
     Returns the stats: rows read, users (kept / in the log), items (vocabulary / distinct videos),
     events and targets kept, per-user length quantiles before (raw_length_*) and after the cut
     to max_len (length_*), click and long-view rates of the rows, buckets used."""
     if not sources:
         raise DataError("no input files")
-    out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}."))
-    try:
+    with io.output_dir(out, what="prepared sequences (grlib.data.preprocess)", legacy=PREPARED_FILES) as tmp:
         stats = _prepare(list(sources), tmp, max_len, min_item_count, target, context, bucket_rows)
         stats = {**(extra_stats or {}), **stats}
         (tmp / "stats.json").write_text(json.dumps(stats, indent=2) + "\n")
-        if out.exists():
-            shutil.rmtree(out)
-        tmp.rename(out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     return stats
 
 
@@ -176,14 +251,18 @@ def _prepare(sources: list[Source], work: Path, max_len: int, min_item_count: in
     n_buckets = max(1, math.ceil(rows / bucket_rows))
     parts = work / "_parts"
     columns = event_columns(target)
-    frames = [_lazy_source(i, s).select("_row", *columns, (pl.col("user_id").fill_null(0) % n_buckets).alias("_bucket"))
+    frames = [_lazy_source(i, s).select("_row", *columns, (pl.col("user_id").fill_null(0) % n_buckets).alias("_bucket"),
+                                        "_bad")
               .cast({"play_time_ms": pl.Int32, "duration_ms": pl.Int32}) for i, s in enumerate(sources)]
     try:  # pass 1: stream every source into per-bucket Arrow IPC parts (uncompressed: CPU-bound)
         pl.concat(frames).sink_ipc(pl.PartitionBy(parts, key="_bucket", include_key=False),
                                    mkdir=True, compression=None)
     except pl.exceptions.PolarsError as err:
-        raise diagnose(sources, USED_COLUMNS, err) from err
+        raise diagnose(sources, LOG_COLUMNS, err) from err
     buckets = sorted(parts.glob("_bucket=*"), key=lambda p: int(p.name.split("=")[1]))
+    bad = _first_bad_key(buckets)
+    if bad is not None:
+        raise _bad_row_error(sources, bad)
     counts = _count_videos(buckets)
     if counts.height == 0:
         raise DataError(f"{', '.join(map(str, sources))}: no rows")
@@ -197,10 +276,7 @@ def _prepare(sources: list[Source], work: Path, max_len: int, min_item_count: in
     try:
         with bar(len(buckets), desc="sequences") as progress:
             for folder in buckets:
-                ev = _read_bucket(folder)
-                if sum(ev.null_count().row(0)):  # an empty cell in a used column (user_id: in bucket 0)
-                    raise diagnose(sources, USED_COLUMNS, None)
-                ev = to_item(ev).sort(["user_id", "time_ms", "_row"])
+                ev = to_item(_read_bucket(folder).drop("_bad")).sort(["user_id", "time_ms", "_row"])
                 acc["rows"] += ev.height
                 acc["clicks"] += int((ev["actions"] & ACTION_BITS["is_click"] > 0).sum())
                 acc["long_views"] += int((ev["actions"] & ACTION_BITS["long_view"] > 0).sum())
@@ -226,6 +302,17 @@ def _prepare(sources: list[Source], work: Path, max_len: int, min_item_count: in
         "buckets": len(buckets), "max_len": max_len, "min_item_count": min_item_count,
         "target": target, "context": context,
     }
+
+
+def _first_bad_key(buckets: list[Path]) -> int | None:
+    """The smallest file order key (`_row`) of a row with `_bad` set, over every bucket, or None."""
+    first = None
+    for folder in buckets:
+        if _read_bucket(folder, ["_bad"])["_bad"].any():
+            part = _read_bucket(folder, ["_row", "_bad"]).filter("_bad")
+            key = int(part["_row"].min())
+            first = key if first is None else min(first, key)
+    return first
 
 
 def _read_bucket(folder: Path, columns: list[str] | None = None) -> pl.DataFrame:

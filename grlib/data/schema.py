@@ -29,6 +29,8 @@ LOG_SCHEMA: dict[str, pl.DataType] = {
     "tab": pl.Int64,
 }
 LOG_COLUMNS = tuple(LOG_SCHEMA)
+FLAG_COLUMNS = ("is_click", "is_like", "is_follow", "is_comment", "is_forward", "is_hate", "long_view",
+                "is_profile_enter", "is_rand")  # 0/1 signals: any other value is a DataError
 
 
 class DataError(ValueError):

@@ -27,25 +27,38 @@ def processed_dir(cfg: Config) -> Path:
     return paths.data_dir() / "processed" / cfg.scale
 
 
-def raw_sources(cfg: DataConfig, work: Path) -> list[preprocess.Source]:
-    """The raw logs of cfg.dataset (synthetic: written into `work` first)."""
+def raw_sources(cfg: DataConfig, work: Path, raw_dir: Path | None = None,
+                mirror: str | None = None) -> list[preprocess.Source]:
+    """The raw logs of cfg.dataset. Synthetic: written into `work` first. A real dataset: its log
+    files (registry log_files) found anywhere under `raw_dir` when given, else the download cache,
+    fetching from the registry URL or `mirror` (download.mirror_url) what is missing."""
     if cfg.dataset == "synthetic":
+        if raw_dir is not None:
+            from grlib.data.schema import DataError
+
+            raise DataError(f"{raw_dir}: the synthetic dataset is generated, it reads no raw folder")
         path = work / "synthetic.csv"
         write_log_csv(path, cfg.n_users, cfg.length_factor, cfg.n_items, cfg.seed)
         return [path]
     spec = registry.get(cfg.dataset)
-    if spec.log_format == "ml-100k":
-        path = paths.real_data_file("movielens_100k/u.data") or download.log_paths(spec)[0]
-        return [read_ml100k(path)]
-    return download.log_paths(spec)
+    if raw_dir is not None:
+        files = download.find_files(Path(raw_dir), spec.log_files, f"the raw folder of {spec.name}")
+    elif spec.log_format == "ml-100k":
+        files = [paths.real_data_file("movielens_100k/u.data") or download.log_paths(spec, mirror=mirror)[0]]
+    else:
+        files = download.log_paths(spec, mirror=mirror)
+    return [read_ml100k(files[0])] if spec.log_format == "ml-100k" else files
 
 
-def prepare_to(cfg: DataConfig, out: Path) -> dict:
-    """Writes sequences.parquet, vocab.parquet and stats.json of cfg into `out` (atomically)."""
+def prepare_to(cfg: DataConfig, out: Path, raw_dir: Path | None = None, mirror: str | None = None) -> dict:
+    """Writes sequences.parquet, vocab.parquet and stats.json of cfg into `out`, built aside and
+    renamed when complete. An existing `out` is replaced only if grlib made it, else OutputRefused,
+    checked before anything is generated or downloaded. raw_dir, mirror: see raw_sources."""
+    preprocess.check_output(out)
     raw = paths.data_dir() / "raw"
     raw.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=raw, prefix=f".{cfg.dataset}-") as work:
-        sources = raw_sources(cfg, Path(work))
+        sources = raw_sources(cfg, Path(work), raw_dir, mirror)
         extra = {"dataset": cfg.dataset}
         if cfg.dataset == "synthetic":
             extra.update(n_users_generated=cfg.n_users, length_factor=cfg.length_factor)
@@ -60,10 +73,11 @@ def prepare(cfg: Config) -> dict:
 
 
 def run(cfg: Config) -> pl.DataFrame:
-    """Prepares the data, appends a row to results/tables/data.parquet, returns that row."""
+    """Prepares the data, appends a row to the table `data`, writes results/metrics/<scale>/data.json;
+    returns that row."""
     stats = prepare(cfg)
     row = results.append_rows("data", [{"seed": cfg.data.seed, **stats}], cfg)
-    results.write_metrics("data", {"scale": cfg.scale, **stats})
+    results.write_metrics("data", {"scale": cfg.scale, **stats}, scale=cfg.scale)
     return row
 
 
