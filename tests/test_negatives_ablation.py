@@ -99,6 +99,6 @@ def test_bench_negatives_smoke(isolated_outputs, capsys):
     assert 0 <= shared["ndcg@10"] <= 1 and shared["train_steps"] == 2 and shared["eval_users"] == 256
     asyncs = [r for name, r in by.items() if name.startswith("per-token") and "async" in name]
     assert asyncs and all(r["queue_mb"] > 0 for r in asyncs)
-    assert results.read_table("bench_negatives").height == len(rows)
+    assert results.read_table("bench_negatives", adhoc=True).height == len(rows)  # no --record: ad-hoc
     printed = capsys.readouterr().out
     assert "bench negatives" in printed and "acceptance" in printed

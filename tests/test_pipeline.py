@@ -63,12 +63,13 @@ def test_dvc_repro_smoke_in_a_copy(tmp_path):
     for stage in stages:
         assert f"Running stage '{stage}'" in first
     results = repo / "results"
-    assert (results / "tables" / "train.parquet").exists()
-    assert (results / "figures" / "train_quality.svg").read_text().lstrip().startswith("<svg")
-    assert (results / "figures" / "train_quality.png").read_bytes()[:4] == b"\x89PNG"
+    train_parts = results / "tables" / "train" / "scale=smoke"
+    assert list(train_parts.glob("*.parquet"))
+    assert (results / "figures" / "smoke" / "train_quality.svg").read_text().lstrip().startswith("<svg")
+    assert (results / "figures" / "smoke" / "train_quality.png").read_bytes()[:4] == b"\x89PNG"
     assert (results / "executed" / "smoke" / "02_train.ipynb").exists()
-    assert "C1 fused jagged attention" in (results / "summary.md").read_text()  # the report reads every stage
-    train = pl.read_parquet(results / "tables" / "train.parquet")
+    assert "C1 fused jagged attention" in (results / "summary" / "smoke.md").read_text()  # the report reads every stage
+    train = pl.concat([pl.read_parquet(p) for p in sorted(train_parts.glob("*.parquet"))], how="diagonal_relaxed")
     grid = params["ablations"]["train"]
     per_seed = len(grid["models"]) * train["dataset"].n_unique()  # ml-100k is skipped where absent
     n_seeds = len(grid["seeds"])
@@ -84,5 +85,5 @@ def test_dvc_repro_smoke_in_a_copy(tmp_path):
     third = _run(dvc + ["repro"], repo, env).stdout
     assert "Running stage 'train'" in third and "Running stage 'report'" in third
     assert "Running stage 'data'" not in third
-    train = pl.read_parquet(results / "tables" / "train.parquet")
+    train = pl.concat([pl.read_parquet(p) for p in sorted(train_parts.glob("*.parquet"))], how="diagonal_relaxed")
     assert train.height == per_seed * (2 * n_seeds + 1)  # appended, not replaced

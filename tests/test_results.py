@@ -1,6 +1,8 @@
-"""Append-only result tables with metadata, latest-per-configuration, atomic writes."""
+"""Append-only result tables (one part file per append, one folder per scale) with metadata,
+latest-per-configuration, atomic writes, metrics per scale."""
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import polars as pl
@@ -23,6 +25,8 @@ def test_rows_carry_metadata_and_append(isolated_outputs):
     hw = json.loads(table["hardware"][0])
     assert {"cpu", "cores_logical", "torch", "fbgemm", "device"} <= set(hw)
     assert table["params_hash"][0] == laptop.params_hash()
+    assert [p.parent.name for p in results.parts("t")] == ["scale=laptop", "scale=smoke"]
+    assert results.read_table("t", "smoke")["ndcg"].to_list() == [0.2]
 
 
 def test_latest_per_configuration(isolated_outputs):
@@ -46,7 +50,8 @@ def test_new_columns_are_added_not_dropped(isolated_outputs):
 def test_failed_write_leaves_table_intact(isolated_outputs, monkeypatch):
     cfg = load_config("smoke")
     results.append_rows("t", [{"a": 1}], cfg)
-    before = results.table_path("t").read_bytes()
+    folder = results.scale_dir("t", "smoke")
+    before = {p.name: p.read_bytes() for p in folder.iterdir()}
 
     def boom(self, *a, **k):
         raise OSError("disk full")
@@ -54,8 +59,8 @@ def test_failed_write_leaves_table_intact(isolated_outputs, monkeypatch):
     monkeypatch.setattr(pl.DataFrame, "write_parquet", boom)
     with pytest.raises(OSError, match="disk full"):
         results.append_rows("t", [{"a": 2}], cfg)
-    assert results.table_path("t").read_bytes() == before
-    assert [p.name for p in results.tables_dir().iterdir()] == ["t.parquet"]  # no temp file left
+    assert {p.name: p.read_bytes() for p in folder.iterdir()} == before  # no temp file left
+    assert results.read_table("t")["a"].to_list() == [1]
 
 
 def test_bad_rows_are_refused(isolated_outputs):
@@ -65,9 +70,16 @@ def test_bad_rows_are_refused(isolated_outputs):
     with pytest.raises(ValueError, match="metadata columns \\['scale'\\]"):
         results.append_rows("t", [{"scale": "x"}], cfg)
     with pytest.raises(ValueError, match="table name"):
-        results.table_path("../evil")
+        results.table_dir("../evil")
+    with pytest.raises(ValueError, match="scale '../x'"):
+        results.append_rows("t", [{"a": 1}], dataclasses.replace(cfg, scale="../x"))
+    with pytest.raises(ValueError, match="run_id 'a/b'"):
+        results.append_rows("t", [{"a": 1}], cfg, run_id="a/b")
 
 
 def test_metrics_json(isolated_outputs):
-    path = results.write_metrics("m", {"x": 1.5})
+    path = results.write_metrics("m", {"x": 1.5}, scale="laptop")
+    assert path == isolated_outputs / "results" / "metrics" / "laptop" / "m.json"
     assert json.loads(path.read_text()) == {"x": 1.5}
+    with pytest.raises(ValueError, match="metrics say scale 'smoke', written under 'laptop'"):
+        results.write_metrics("m", {"scale": "smoke"}, scale="laptop")

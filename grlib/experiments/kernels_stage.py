@@ -1,7 +1,8 @@
 """Stage `kernels` (notebooks/01_kernels): jagged HSTU attention implementations against padding.
 
 Runs `bench kernels` at the scale's sizes (grlib.bench.kernels: the method), appends the rows
-to results/tables/kernels.parquet, writes results/metrics/kernels.json and the figures.
+to the table `kernels`, writes results/metrics/<scale>/kernels.json and the figures
+(results/figures/<scale>/).
 """
 from __future__ import annotations
 
@@ -19,8 +20,8 @@ PAPER_SPEEDUP, PAPER_MEM_REDUCTION = 2.2, 0.70  # TurboGR, claim C1
 
 def run(cfg: Config, ablation: KernelsAblation, threads: int | None = None) -> pl.DataFrame:
     rows = bench.measure(cfg, ablation, table="kernels", threads=threads)
-    df = pl.DataFrame(rows)
-    results.write_metrics("kernels", metrics(df, cfg.scale))
+    df = pl.DataFrame(rows).with_columns(pl.lit(cfg.scale).alias("scale"))  # the figures' scale
+    results.write_metrics("kernels", metrics(df, cfg.scale), scale=cfg.scale)
     return df
 
 
@@ -47,7 +48,7 @@ def fused(df: pl.DataFrame) -> pl.DataFrame:
 
 
 def acceptance(df: pl.DataFrame) -> pl.DataFrame:
-    """The issue's acceptance checks on this run: cpu vs reference (scaled, max_len 1024) and vs fbgemm."""
+    """The checks of claim C1 on this run: cpu vs reference (scaled, max_len 1024) and vs fbgemm."""
     cmp = comparison(df)
     checks = []
     at = cmp.filter((pl.col("regime") == "scaled") & (pl.col("max_len") == 1024) & (pl.col("impl") == "cpu"))
@@ -122,6 +123,12 @@ def ratio_chart(df: pl.DataFrame) -> alt.VConcatChart:
                        ).properties(title="Against padding (TurboGR C1: 2.2x lower latency, 70% less memory)")
 
 
-def save_figures(df: pl.DataFrame) -> list:
-    return (plots.save_chart(latency_memory_chart(df), "kernels_latency_memory")
-            + plots.save_chart(ratio_chart(df), "kernels_vs_reference"))
+def save_figures(df: pl.DataFrame, scale: str | None = None) -> list:
+    """Both charts under results/figures/<scale>/ (default: the one scale of `df`, as `run` returns it)."""
+    if scale is None:
+        scales = df["scale"].unique().to_list() if "scale" in df.columns else []
+        if len(scales) != 1:
+            raise ValueError(f"kernels_stage.save_figures: pass scale=...; the rows carry scales {scales}")
+        scale = scales[0]
+    return (plots.save_chart(latency_memory_chart(df), "kernels_latency_memory", scale)
+            + plots.save_chart(ratio_chart(df), "kernels_vs_reference", scale))

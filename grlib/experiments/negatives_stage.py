@@ -1,5 +1,5 @@
 """Stage `negatives` (notebooks/04_negative_sampling): the negative-path ablation, its table,
-the acceptance checks of issue 5 and a speed-quality chart."""
+the checks of claim C6 and a speed-quality chart."""
 from __future__ import annotations
 
 import dataclasses
@@ -23,7 +23,7 @@ def quick(ab: NegativesAblation) -> NegativesAblation:
 
 
 def run(cfg: Config, ab: NegativesAblation) -> dict:
-    """Runs the grid; appends rows to results/tables/negatives.parquet; writes metrics and figure."""
+    """Runs the grid; appends rows to the table `negatives`; writes metrics and figure (per scale)."""
     rows, notes = ablation.run(cfg, ab)
     if not rows:
         raise RuntimeError("stage negatives: no dataset could be loaded; " + "; ".join(notes))
@@ -32,8 +32,8 @@ def run(cfg: Config, ab: NegativesAblation) -> dict:
     results.write_metrics(TABLE, {"scale": cfg.scale, "notes": notes, "acceptance": checks.to_dicts(),
                                   "rows": {f"{r['dataset']} | {r['variant']}": {
                                       k: r[k] for k in ("step_ratio", "memory_ratio", "negatives_ratio", "ndcg@10")}
-                                      for r in rows}})
-    figures = plots.save_chart(speed_quality_chart(table), "negatives_speed_quality")
+                                      for r in rows}}, scale=cfg.scale)
+    figures = plots.save_chart(speed_quality_chart(table), "negatives_speed_quality", cfg.scale)
     return {"table": table, "acceptance": checks, "notes": notes, "figures": figures}
 
 

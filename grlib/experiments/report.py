@@ -1,19 +1,20 @@
-"""Stage `report` (notebooks/99_report): latest rows per configuration, tables and figures."""
+"""Stage `report` (notebooks/99_report): latest rows per configuration, claims and figures of one
+scale, written to results/summary/<scale>.md and results/figures/<scale>/ (never another scale's)."""
 from __future__ import annotations
+
+from pathlib import Path
 
 import altair as alt
 import polars as pl
 
-from grlib import paths, plots, results
+from grlib import io, paths, plots, results
 
 
 def train_summary(scale: str | None = None) -> pl.DataFrame:
     """Mean and std over seeds of the latest run of each (scale, model)."""
-    table = results.read_table("train")
+    table = results.read_table("train", scale)
     if table.height == 0:
         return table
-    if scale:
-        table = table.filter(pl.col("scale") == scale)
     if "dataset" not in table.columns:  # rows written before the train stage had several datasets
         table = table.with_columns(pl.lit("scale").alias("dataset"))
     latest = results.latest(table, ["dataset", "model", "seed"])
@@ -35,11 +36,7 @@ def quality_chart(summary: pl.DataFrame) -> alt.Chart:
 
 def _latest_run(name: str, scale: str | None) -> pl.DataFrame:
     """Every row of the newest run (run_id) of table `name` at `scale` (the newest scale if None)."""
-    table = results.read_table(name)
-    if table.height == 0:
-        return table
-    if scale:
-        table = table.filter(pl.col("scale") == scale)
+    table = results.read_table(name, scale)
     if table.height == 0:
         return table
     newest = table.with_row_index("_i").sort("timestamp", "_i").row(-1, named=True)["run_id"]  # ties: table order
@@ -78,14 +75,19 @@ def claims(scale: str | None = None) -> pl.DataFrame:
                                       "paper": pl.String, "met": pl.Boolean})
 
 
-def run(scale: str | None = None) -> dict:
+def summary_path(scale: str) -> Path:
+    return paths.results_dir() / "summary" / f"{results.check_scale(scale)}.md"
+
+
+def run(scale: str) -> dict:
+    """Summary, claims and quality figure of `scale` from the result tables."""
+    md = summary_path(scale)
     summary = train_summary(scale)
     checks = claims(scale)
-    figures = plots.save_chart(quality_chart(summary), "train_quality") if summary.height else []
-    md = paths.results_dir() / "summary.md"
-    text = (f"# Summary ({scale or 'all scales'})\n\n## Claims measured by the newest run of each stage\n\n"
+    figures = plots.save_chart(quality_chart(summary), "train_quality", scale) if summary.height else []
+    text = (f"# Summary ({scale})\n\n## Claims measured by the newest run of each stage\n\n"
             f"{to_markdown(checks)}\n\n## Model quality (test, full ranking, mean over seeds)\n\n{to_markdown(summary)}\n")
-    results.atomic_write_bytes(md, text.encode())
+    io.atomic_write_text(md, text)
     return {"summary": summary, "claims": checks, "figures": figures, "markdown": md}
 
 

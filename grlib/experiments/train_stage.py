@@ -128,7 +128,7 @@ def run(cfg: Config, ablation: TrainAblation) -> dict:
     results.write_metrics("train", {"scale": cfg.scale, "skipped": skipped, "peak_flops": peak, **{
         f"{r['dataset']}/{r['model']}": {k: r[k] for k in ("test_ndcg@10", "test_ndcg@10_std", "test_hr@10",
                                                            "vs_popularity", "seeds")}
-        for r in summ.iter_rows(named=True)}})
+        for r in summ.iter_rows(named=True)}}, scale=cfg.scale)
     return {"table": table, "curves": pl.DataFrame(curves), "summary": summ, "skipped": skipped}
 
 
