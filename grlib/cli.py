@@ -1,10 +1,13 @@
 """`python -m grlib ...`: run notebooks, show configs, run benchmarks.
 
     python -m grlib notebook 02_train --scale laptop [-p key value ...]
-    python -m grlib config --scale laptop
+    python -m grlib config --scale laptop [-o model.d_model=128 ...]
     python -m grlib bench ops --json out.json
     python -m grlib train --scale smoke --dataset ml-100k --model hstu --json out.json
     python -m grlib data prepare --dataset synthetic --out DIR
+
+A user mistake (a bad scale, parameter, override, data file, checkpoint or output folder, or a
+notebook cell that raised) prints one line `error: ...` on stderr and exits with status 2.
 """
 from __future__ import annotations
 
@@ -14,6 +17,8 @@ import sys
 
 from grlib import config
 from grlib.data.schema import DataError
+from grlib.io import OutputRefused
+from grlib.progress import ProgressSettingError
 
 
 def _notebook(args: argparse.Namespace) -> int:
@@ -26,7 +31,7 @@ def _notebook(args: argparse.Namespace) -> int:
 
 
 def _config(args: argparse.Namespace) -> int:
-    cfg = config.load_config(args.scale)
+    cfg = config.load_config(args.scale, config.parse_overrides(args.override))
     print(json.dumps(cfg.to_dict(), indent=2))
     print(f"params_hash: {cfg.params_hash()}")
     return 0
@@ -49,7 +54,9 @@ def build_parser() -> argparse.ArgumentParser:
     nb.set_defaults(func=_notebook)
 
     cf = sub.add_parser("config", help="print the resolved config of a scale")
-    cf.add_argument("--scale", default=None)
+    cf.add_argument("--scale", default=None, help="named scale from params.yaml (default: params.yaml's scale)")
+    cf.add_argument("-o", "--override", action="append", default=[], metavar="KEY=VALUE",
+                    help="config override, e.g. -o model.d_model=128 -o train.lr=3e-4 (YAML values)")
     cf.set_defaults(func=_config)
 
     add_bench_parser(sub)
@@ -60,13 +67,26 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def user_errors() -> tuple[type[BaseException], ...]:
+    """The exceptions that report a user mistake (each defined where it is raised)."""
+    from grlib.notebooks import NotebookError, NotebookFailed
+    from grlib.train.checkpoint import CheckpointError
+
+    return (config.ConfigError, DataError, OutputRefused, ProgressSettingError, NotebookError, NotebookFailed,
+            CheckpointError)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)
-    except (config.ConfigError, DataError) as err:
-        print(f"error: {err}", file=sys.stderr)
+    except user_errors() as err:
+        print(f"error: {_one_line(str(err))}", file=sys.stderr)
         return 2
+
+
+def _one_line(message: str) -> str:
+    return " ".join(message.split())
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -5,9 +5,12 @@ paper: each a dict of sections) and `ablations` (the grids each experiment sweep
 loads a scale and overrides single fields from its parameters cell:
 
     cfg = load_config("smoke", {"model.n_layers": 2, "train": {"lr": 3e-4}})
+    cfg = load_config("smoke", '{"model.n_layers": 2}')   # the same mapping as YAML / JSON text
 
-Unknown scales, sections or fields raise ConfigError listing the valid ones; a value of the wrong
-type or out of range raises ConfigError naming the field.
+Overrides may also be YAML / JSON text (papermill's `-p overrides '{...}'` passes a string); text
+that is not a mapping raises ConfigError naming the parameter. Unknown scales, sections or fields
+raise ConfigError listing the valid ones; a value of the wrong type or out of range raises
+ConfigError naming the field.
 """
 from __future__ import annotations
 
@@ -295,16 +298,54 @@ def default_scale(params: dict[str, Any] | None = None) -> str:
     return (params or read_params()).get("scale", "smoke")
 
 
-def load_config(scale: str | None = None, overrides: dict[str, Any] | None = None,
+def as_mapping(value: Any, name: str, example: str = '{"model.n_layers": 2}') -> dict[str, Any]:
+    """`value` as a mapping of overrides: a dict as is, YAML / JSON text parsed ("" / None: empty).
+    Anything else raises ConfigError naming the parameter `name`."""
+    if value is None:
+        return {}
+    if isinstance(value, str):
+        try:
+            parsed = yaml.safe_load(value)
+        except yaml.YAMLError as err:
+            mark = getattr(err, "problem_mark", None)
+            where = f" at column {mark.column + 1}" if mark is not None else ""
+            problem = getattr(err, "problem", None) or str(err).splitlines()[0]
+            raise ConfigError(f"{name}: not valid YAML / JSON{where} ({problem}): {value!r}") from None
+        if parsed is None:
+            return {}
+        value = parsed
+    if not isinstance(value, dict):
+        raise ConfigError(f"{name}: expected a mapping such as {example}, got {value!r}")
+    return value
+
+
+def parse_overrides(items: list[str], option: str = "-o") -> dict[str, Any]:
+    """Command-line overrides ["model.d_model=128", "train.lr=3e-4"] -> {"model.d_model": 128, ...}
+    (values are YAML: numbers, true/false, lists)."""
+    out: dict[str, Any] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise ConfigError(f"{option} {item!r}: expected KEY=VALUE, e.g. {option} model.d_model=128")
+        try:
+            out[key.strip()] = yaml.safe_load(value)
+        except yaml.YAMLError:
+            raise ConfigError(f"{option} {item!r}: the value {value!r} is not valid YAML") from None
+    return out
+
+
+def load_config(scale: str | None = None, overrides: dict[str, Any] | str | None = None,
                 params: dict[str, Any] | None = None) -> Config:
-    """The Config of a named scale from params.yaml with `overrides` applied on top."""
+    """The Config of a named scale from params.yaml with `overrides` (a mapping, or YAML / JSON
+    text of one) applied on top."""
+    overrides = as_mapping(overrides, "overrides")
     params = params or read_params()
     scale = scale or default_scale(params)
     scales = params["scales"]
     if scale not in scales:
         raise ConfigError(f"unknown scale {scale!r}; valid scales: {', '.join(scales)}")
     cfg = _apply(Config(scale=scale), scales[scale] or {}, "")
-    return cfg.replace(overrides or {})
+    return cfg.replace(overrides)
 
 
 @dataclass(frozen=True)
@@ -401,11 +442,13 @@ class NegativesAblation:
 ABLATIONS: dict[str, type] = {"train": TrainAblation, "kernels": KernelsAblation, "negatives": NegativesAblation}
 
 
-def load_ablation(name: str, overrides: dict[str, Any] | None = None,
+def load_ablation(name: str, overrides: dict[str, Any] | str | None = None,
                   params: dict[str, Any] | None = None) -> Any:
-    """The typed grid of one experiment from params.yaml's `ablations` section."""
+    """The typed grid of one experiment from params.yaml's `ablations` section, with `overrides`
+    (a mapping, or YAML / JSON text of one; the notebooks' `ablation_overrides`) on top."""
+    overrides = as_mapping(overrides, "ablation_overrides", '{"seeds": [0]}')
     if name not in ABLATIONS:
         raise ConfigError(f"unknown ablation {name!r}; valid ablations: {', '.join(ABLATIONS)}")
     values = dict((params or read_params()).get("ablations", {}).get(name) or {})
-    values.update(overrides or {})
+    values.update(overrides)
     return _apply(ABLATIONS[name](), values, f"ablations.{name}.")

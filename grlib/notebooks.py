@@ -1,51 +1,182 @@
-"""Running the project's notebooks with papermill (used by the CLI and the DVC stages)."""
+"""Running the project's notebooks with papermill (used by the CLI and the DVC stages).
+
+    out = run_notebook("02_train", scale="laptop", parameters={"overrides": '{"model.n_layers": 2}'})
+
+Before a kernel starts, the parameters are checked against the names the notebook's `parameters`
+cell assigns (parsed with ast, so `cale` is not taken for `scale`) and `overrides` against the
+config: NotebookError. The notebook executes into a temporary file beside the output; on success
+it is renamed over the output, on failure to <name>.failed.ipynb beside it, so the last good
+executed notebook is kept, and NotebookFailed names the cell, its exception and that file.
+
+Progress (grlib.progress.log, silenced by GRLIB_PROGRESS=0): one line as each code cell starts, the
+kernel's stderr (where grlib's own progress lines go) forwarded, and a last line with the time.
+"""
 from __future__ import annotations
 
+import ast
 import json
 import os
+import sys
+import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
 import yaml
 
 from grlib import config, paths
+from grlib.io import umask
+from grlib.progress import enabled, log
+
+
+class NotebookError(ValueError):
+    """An unknown notebook, a notebook without a usable parameters cell, or a bad parameter."""
+
+
+class NotebookFailed(RuntimeError):
+    """A cell of the notebook raised; the executed notebook was saved as `failed_path`."""
+
+    def __init__(self, message: str, failed_path: Path):
+        super().__init__(message)
+        self.failed_path = failed_path
+
+
+def notebook_names() -> list[str]:
+    return sorted(p.stem for p in (paths.project_root() / "notebooks").glob("*.ipynb"))
 
 
 def notebook_path(name: str) -> Path:
+    """notebooks/<name>.ipynb (name with or without .ipynb)."""
+    name = Path(name).name.removesuffix(".ipynb")
     path = paths.project_root() / "notebooks" / f"{name}.ipynb"
     if not path.exists():
-        names = sorted(p.stem for p in (paths.project_root() / "notebooks").glob("*.ipynb"))
-        raise FileNotFoundError(f"no notebook {name!r}; notebooks: {', '.join(names)}")
+        raise NotebookError(f"no notebook {name!r}; notebooks: {', '.join(notebook_names())}")
     return path
+
+
+def parameter_names(path: Path) -> list[str]:
+    """Names assigned at the top level of the notebook's one cell tagged `parameters`."""
+    cells = json.loads(path.read_text())["cells"]
+    tagged = [c for c in cells if "parameters" in c.get("metadata", {}).get("tags", [])]
+    if len(tagged) != 1:
+        raise NotebookError(f"{path}: needs exactly one cell tagged 'parameters', found {len(tagged)}")
+    source = "".join(tagged[0]["source"])
+    try:
+        tree = ast.parse(source)
+    except SyntaxError as err:
+        raise NotebookError(f"{path}: parameters cell, line {err.lineno}: {err.msg}") from None
+    names: list[str] = []
+    for node in tree.body:
+        targets = node.targets if isinstance(node, ast.Assign) else \
+            [node.target] if isinstance(node, (ast.AnnAssign, ast.AugAssign)) else []
+        for target in targets:
+            names += [n.id for n in ast.walk(target) if isinstance(n, ast.Name) and n.id not in names]
+    return names
 
 
 def run_notebook(name: str, scale: str | None = None, parameters: dict[str, Any] | None = None,
                  output: str | Path | None = None) -> Path:
-    """Executes notebooks/<name>.ipynb with papermill; returns the executed notebook's path."""
-    import papermill
-
+    """Executes notebooks/<name>.ipynb with papermill; returns the executed notebook's path
+    (default results/executed/<scale>/<name>.ipynb). String parameter values are YAML."""
+    params = {key: _parse(key, value) for key, value in (parameters or {}).items()}
+    if "scale" in params:
+        if scale is not None and params["scale"] != scale:
+            raise NotebookError(f"two scales given ({scale!r} and parameter scale={params['scale']!r}); give one")
+        scale = params["scale"]
     scale = scale or config.default_scale()
     config.load_config(scale)  # fail early, with the list of valid scales
-    params = {"scale": scale}
-    for key, value in (parameters or {}).items():
-        params[key] = yaml.safe_load(value) if isinstance(value, str) else value
-    out = Path(output) if output else paths.results_dir() / "executed" / scale / f"{name}.ipynb"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    _check_parameters(notebook_path(name), params)
-    env_root = os.environ.setdefault("GRLIB_PROJECT_ROOT", str(paths.project_root()))
-    papermill.execute_notebook(str(notebook_path(name)), str(out), parameters=params,
-                               kernel_name="python3", cwd=env_root, progress_bar=False)
+    params["scale"] = scale
+    path = notebook_path(name)
+    defined = parameter_names(path)
+    unknown = [k for k in params if k not in defined]
+    if unknown:
+        raise NotebookError(f"{path}: parameters {unknown} are not defined in its parameters cell "
+                            f"(it defines: {', '.join(defined)})")
+    if "overrides" in params:
+        config.load_config(scale, params["overrides"])  # a bad override fails here, not in a kernel
+    out = Path(output) if output else paths.results_dir() / "executed" / scale / f"{path.stem}.ipynb"
+    _execute(path, out, params)
     return out
 
 
-def _check_parameters(path: Path, params: dict[str, Any]) -> None:
-    """Refuses a notebook that could not receive `params` (papermill itself only warns, and the
-    notebook would silently run its smoke defaults)."""
-    cells = json.loads(path.read_text())["cells"]
-    tagged = [c for c in cells if "parameters" in c.get("metadata", {}).get("tags", [])]
-    if len(tagged) != 1:
-        raise ValueError(f"{path}: needs exactly one cell tagged 'parameters', found {len(tagged)}")
-    source = "".join(tagged[0]["source"])
-    unknown = [k for k in params if f"{k} =" not in source]
-    if unknown:
-        raise ValueError(f"{path}: parameters {unknown} are not defined in its parameters cell")
+def failed_path(out: Path) -> Path:
+    """Where a failed run of the notebook executed into `out` is saved."""
+    return out.with_name(f"{out.stem}.failed.ipynb")
+
+
+def _parse(key: str, value: Any) -> Any:
+    if not isinstance(value, str):
+        return value
+    try:
+        return yaml.safe_load(value)
+    except yaml.YAMLError as err:
+        problem = getattr(err, "problem", None) or str(err).splitlines()[0]
+        raise NotebookError(f"parameter {key}={value!r}: not a valid YAML value ({problem})") from None
+
+
+def _execute(path: Path, out: Path, params: dict[str, Any]) -> None:
+    import papermill
+    from papermill.exceptions import PapermillExecutionError
+
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp_name = tempfile.mkstemp(dir=out.parent, prefix=f".{out.stem}.", suffix=".tmp.ipynb")
+    os.close(fd)
+    tmp = Path(tmp_name)
+    os.chmod(tmp, 0o666 & ~umask())  # papermill rewrites the file in place: it keeps this mode
+    root = os.environ.setdefault("GRLIB_PROJECT_ROOT", str(paths.project_root()))
+    label, start = path.stem, time.monotonic()
+    log(f"{label} ({params['scale']}): executing into {out}")
+    try:
+        papermill.execute_notebook(str(path), str(tmp), parameters=params, kernel_name="python3", cwd=root,
+                                   progress_bar=False, engine_name=_engine(label, start),
+                                   stderr_file=sys.stderr if enabled() else None)
+    except PapermillExecutionError as err:
+        failed = failed_path(out)
+        os.replace(tmp, failed)
+        raise NotebookFailed(_failure_message(path, out, failed, err), failed) from None
+    except BaseException:
+        if tmp.exists() and tmp.stat().st_size > 0:  # a partly executed notebook: keep it for a look
+            os.replace(tmp, failed_path(out))
+        else:
+            tmp.unlink(missing_ok=True)
+        raise
+    os.replace(tmp, out)
+    failed_path(out).unlink(missing_ok=True)  # an earlier failure's notebook is out of date now
+    log(f"{label}: done in {_clock(time.monotonic() - start)}")
+
+
+def _failure_message(path: Path, out: Path, failed: Path, err: Any) -> str:
+    lines = [line.strip() for line in str(err.evalue).splitlines() if line.strip()]
+    what = f"{err.ename}: {lines[0]}" if lines else err.ename
+    kept = f"; the last good run is kept at {out}" if out.exists() else ""
+    return (f"notebook {path.stem} failed in cell {err.cell_index + 1} (In [{err.exec_count}]): {what}; "
+            f"the failed notebook is saved as {failed}{kept}")
+
+
+def _clock(seconds: float) -> str:
+    minutes, secs = divmod(int(round(seconds)), 60)
+    return f"{minutes} min {secs:02d} s" if minutes else f"{seconds:.1f} s"
+
+
+def _engine(label: str, start: float) -> str:
+    """Registers a papermill engine that logs one line as each code cell starts; returns its name."""
+    from papermill.engines import NBClientEngine, papermill_engines
+
+    class CellLogEngine(NBClientEngine):
+        @classmethod
+        def execute_managed_notebook(cls, nb_man, kernel_name, **kwargs):
+            cells, cell_start = nb_man.nb.cells, nb_man.cell_start
+
+            def announce(cell, cell_index=None, **kw):
+                if cell.cell_type == "code" and cell_index is not None:
+                    first = next((s.strip() for s in cell.source.splitlines()
+                                  if s.strip() and not s.lstrip().startswith("#")), "")
+                    first = first if len(first) <= 72 else first[:69] + "..."
+                    log(f"{label} [{_clock(time.monotonic() - start)}]: cell {cell_index + 1}/{len(cells)}: {first}")
+                return cell_start(cell, cell_index, **kw)
+
+            nb_man.cell_start = announce
+            return super().execute_managed_notebook(nb_man, kernel_name, **kwargs)
+
+    papermill_engines.register("grlib-cell-log", CellLogEngine)
+    return "grlib-cell-log"

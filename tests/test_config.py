@@ -59,3 +59,27 @@ def test_cli_reports_unknown_scale():
                           capture_output=True, text=True)
     assert proc.returncode == 2
     assert "valid scales: smoke, laptop, server, paper" in proc.stderr
+
+
+def test_overrides_given_as_yaml_or_json_text():
+    """papermill's `-p overrides '{"model.n_layers": 2}'` hands the notebook a string."""
+    assert load_config("smoke", '{"model.n_layers": 2}').model.n_layers == 2
+    assert load_config("smoke", "train: {lr: 3.0e-4}").train.lr == 3e-4
+    assert load_config("smoke", "") == load_config("smoke", {}) == load_config("smoke")
+    assert load_ablation("train", '{"seeds": [0, 1]}').seeds == [0, 1]
+    with pytest.raises(ConfigError, match=r"^overrides: expected a mapping such as .*, got 'abc'$"):
+        load_config("smoke", "abc")
+    with pytest.raises(ConfigError, match=r"^overrides: not valid YAML / JSON at column 19"):
+        load_config("smoke", '{"model.n_layers" 2}')
+    with pytest.raises(ConfigError, match=r"^ablation_overrides: expected a mapping .*, got \[0, 1\]$"):
+        load_ablation("train", "[0, 1]")
+    with pytest.raises(ConfigError, match="unknown parameter 'model.n_layer'"):
+        load_config("smoke", '{"model.n_layer": 2}')
+
+
+def test_cli_config_takes_overrides():
+    proc = subprocess.run([sys.executable, "-m", "grlib", "config", "--scale", "smoke", "-o", "model.n_layers=3",
+                           "-o", "train.lr=3e-4"], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    assert '"n_layers": 3' in proc.stdout and '"lr": 0.0003' in proc.stdout
+    assert load_config("smoke", {"model.n_layers": 3, "train.lr": 3e-4}).params_hash() in proc.stdout

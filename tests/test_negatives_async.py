@@ -63,7 +63,7 @@ def test_async_training_is_identical_to_sync(smoke, monkeypatch, sharing, sample
 def test_worker_failure_surfaces_in_the_training_loop(smoke, monkeypatch):
     cfg, data = smoke
     calls = {"n": 0}
-    original = NegativePath.sample
+    original = NegativePath._sample_with_state  # what the worker runs per batch
 
     def failing(self, batch):
         calls["n"] += 1
@@ -71,7 +71,7 @@ def test_worker_failure_surfaces_in_the_training_loop(smoke, monkeypatch):
             raise ValueError("sampler exploded")
         return original(self, batch)
 
-    monkeypatch.setattr(NegativePath, "sample", failing)
+    monkeypatch.setattr(NegativePath, "_sample_with_state", failing)
     with pytest.raises(NegativeSamplerError, match="batch 2: ValueError: sampler exploded") as err:
         _fit(cfg, data, async_sampling=True)
     assert isinstance(err.value.__cause__, ValueError)
@@ -115,13 +115,13 @@ def test_dropping_the_wrapped_iterator_or_closing_the_path_stops_the_worker():
     cfg = load_config("smoke", {"negatives.async_sampling": True})
     batch_list = [object() for _ in range(50)]
     path = build_negative_path(cfg.negatives, 100)
-    path.sample = lambda b: b  # the iterator protocol only
+    path._sample_with_state = lambda b: (b, None)  # the iterator protocol only
     it = path.wrap(iter(batch_list))
     assert next(it) is batch_list[0]
     it.close()  # e.g. the trainer stops early and the generator is dropped
     assert not _worker_threads()
     with build_negative_path(cfg.negatives, 100) as path:
-        path.sample = lambda b: b
+        path._sample_with_state = lambda b: (b, None)
         it = path.wrap(iter(batch_list))
         next(it)
     assert not _worker_threads()

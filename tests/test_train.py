@@ -134,8 +134,11 @@ def test_max_steps_caps_training(smoke_data):
 
 
 def test_checkpoint_write_is_atomic(tmp_path, monkeypatch):
+    from grlib.io import umask
+
     path = tmp_path / "last.pt"
     checkpoint.save(path, {"step": 1})
+    assert path.stat().st_mode & 0o777 == 0o666 & ~umask()  # the caller's umask (not mkstemp's 0600)
     def broken(obj, fh):
         fh.write(b"half a checkpoint")
         raise OSError("disk full")

@@ -4,7 +4,7 @@ from __future__ import annotations
 import json
 import math
 
-from grlib import paths, results
+from grlib import results
 from grlib.config import load_ablation, load_config
 from grlib.experiments import data_stage, report, train_stage
 
@@ -25,9 +25,9 @@ def test_smoke_stage_chain(isolated_outputs):
     assert summary.filter(summary["model"] == "popularity")["vs_popularity"].to_list() == [1.0]
     assert set(out["curves"]["model"]) == {"hstu", "sasrec"}
     assert results.read_table("train_curves").height == out["curves"].height
-    metrics = json.loads((paths.results_dir() / "metrics" / "train.json").read_text())
+    metrics = json.loads(results.metrics_path("train", "smoke").read_text())
     assert set(metrics) >= {"synthetic/hstu", "synthetic/sasrec", "synthetic/popularity", "skipped"}
-    rep = report.run()
+    rep = report.run("smoke")
     assert rep["summary"].height == 3 and all(p.exists() for p in rep["figures"])
     assert results.read_table("train").height == 6
 

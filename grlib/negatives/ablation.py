@@ -265,7 +265,7 @@ def run(cfg: Config, ab: NegativesAblation) -> tuple[list[dict], list[str]]:
 
 
 def acceptance(rows: list[dict], ab: NegativesAblation) -> list[dict]:
-    """The issue's three acceptance checks, per dataset, from the ablation rows."""
+    """The three checks of claim C6 (sharing, half precision, async), per dataset, from the ablation rows."""
     out = []
     for ds in dict.fromkeys(r["dataset"] for r in rows):
         by = {r["variant"]: r for r in rows if r["dataset"] == ds}

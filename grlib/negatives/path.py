@@ -12,6 +12,14 @@ their gradients are exact (zero staleness), and async training draws exactly the
 (same generator, same order), so it trains the same model (up to floating-point run-to-run
 rounding). Gathering values ahead would score negatives with weights one or more optimizer steps
 old and still need a second lookup for their gradients.
+
+Checkpoints: `state_dict()` is the sampler state as of the next batch to train. The worker draws
+ahead, so the live generator state is that of a batch still in the queue; instead each prepared
+sample carries the generator state right after its draw, and `loss` records it when it consumes
+the sample. Restoring that state and restarting the data at the next batch redraws exactly the
+ids the uninterrupted run draws (and the sync path's ids: a checkpoint resumes with or without
+async sampling). Re-seeding per step would also resume exactly but would draw other ids than the
+sync path, which would no longer train the same model.
 """
 from __future__ import annotations
 
@@ -60,12 +68,17 @@ class NegativePath:
         self.logq = self.sampler.log_q() if cfg.logq else None  # [V] or None (uniform: it cancels)
         self.generator = torch.Generator().manual_seed(seed)
         self._lock = threading.Lock()  # the generator is shared by the worker and inline sampling
-        self._prepared: dict[int, tuple[JaggedBatch, NegativeSample]] = {}
+        self._prepared: dict[int, tuple[JaggedBatch, NegativeSample, Tensor]] = {}
         self._workers: list[PrefetchWorker] = []
+        self._trained_state = self.generator.get_state()  # generator state after the last sample `loss` used
 
     # --- sampling (off the critical path when async) -------------------------------------------
     def sample(self, batch: JaggedBatch) -> NegativeSample:
         """Runs in the async worker: numpy only, no torch kernel (see grlib.negatives.samplers)."""
+        return self._sample_with_state(batch)[0]
+
+    def _sample_with_state(self, batch: JaggedBatch) -> tuple[NegativeSample, Tensor]:
+        """The sample and the generator state right after drawing it."""
         t = batch.targets.numpy()  # [T] (CPU)
         keep_np = np.flatnonzero(t > 0)  # [P]
         keep, targets = torch.from_numpy(keep_np), torch.from_numpy(t[keep_np])  # [P], [P]
@@ -79,32 +92,49 @@ class NegativePath:
             else:
                 small = torch.int32 if self.n_items < 2**31 else torch.int64  # half the bytes of [P, R]
                 ids = self.sampler.draw((targets.numel(), R), targets, self.generator, small)  # [P, R]
-        return NegativeSample(keep, targets, ids)
+            state = self.generator.get_state()
+        return NegativeSample(keep, targets, ids), state
 
-    def attach(self, batch: JaggedBatch, sample: NegativeSample) -> None:
-        """Hands a prepared sample to the next `loss` call on this batch (pre-sampled / async)."""
-        self._prepared[id(batch)] = (batch, sample)
+    def attach(self, batch: JaggedBatch, sample: NegativeSample, state: Tensor | None = None) -> None:
+        """Hands a prepared sample to the next `loss` call on this batch (pre-sampled / async).
+        state: the generator state right after `sample` was drawn (default: the current one, which
+        it is when `sample` was just drawn by this path)."""
+        self._prepared[id(batch)] = (batch, sample, self.generator.get_state() if state is None else state)
 
     def wrap(self, batches: Iterable[JaggedBatch]) -> Iterator[JaggedBatch]:
         if not self.cfg.async_sampling:
             return iter(batches)
-        worker = PrefetchWorker(batches, self.sample, depth=self.cfg.queue_depth)
+        worker = PrefetchWorker(batches, self._sample_with_state, depth=self.cfg.queue_depth)
         self._workers.append(worker)
         return self._from_worker(worker)
 
     def _from_worker(self, worker: PrefetchWorker) -> Iterator[JaggedBatch]:
         try:
-            for batch, sample in worker:
-                self.attach(batch, sample)
+            for batch, (sample, state) in worker:
+                self.attach(batch, sample, state)
                 yield batch
         finally:
             worker.close()
 
     def _take(self, batch: JaggedBatch) -> NegativeSample:
         got = self._prepared.pop(id(batch), None)
-        if got is not None and got[0] is batch:
-            return got[1]
-        return self.sample(batch)
+        sample, state = got[1:] if got is not None and got[0] is batch else self._sample_with_state(batch)
+        self._trained_state = state
+        return sample
+
+    # --- checkpoints ----------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Tensor]:
+        """The sampler state as of the next batch to train: the generator state right after the
+        sample of the last batch `loss` scored (not the live state, which a worker has moved on)."""
+        return {"generator": self._trained_state.clone()}
+
+    def load_state_dict(self, state: dict[str, Tensor]) -> None:
+        """Restores state_dict(); the next batch sampled (inline or by a new worker) draws what the
+        saved run drew next. Refused while a worker runs (its queue was drawn from the old state)."""
+        if self._workers or self._prepared:
+            raise RuntimeError("NegativePath.load_state_dict: close() the path first (samples are prepared ahead)")
+        self.generator.set_state(state["generator"])
+        self._trained_state = self.generator.get_state()
 
     # --- scoring (the critical path) -----------------------------------------------------------
     def loss(self, user: Tensor, embed, batch: JaggedBatch) -> Tensor:

@@ -5,16 +5,20 @@
     python -m grlib train --params-only            # parameters of every scale's HSTU (paper: ~0.2B dense)
 
 JSON keys: ndcg@10, hr@10, mrr (test), params, tokens_per_s, mfu, plus every val_/test_ metric.
-The row is also appended to results/tables/train_runs.parquet.
+The row is also appended to table train_runs: under results/adhoc/tables/ unless --record
+(then results/tables/). With --checkpoint-dir a run resumes
+from its last.pt (saying so on stderr) only if it was written with the same dataset, data, model,
+train and negatives settings; otherwise it stops with one line naming what differs.
 """
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 from pathlib import Path
 
-import yaml
+from grlib.config import parse_overrides
 
 KEYS = ("ndcg@10", "hr@10", "mrr", "params", "tokens_per_s", "mfu")
 
@@ -33,19 +37,11 @@ def add_train_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--checkpoint-every", type=int, default=0, help="checkpoint every N steps (and each epoch end)")
     p.add_argument("--losses", default=None, help="also write the per-step losses as a JSON list to this path")
     p.add_argument("--json", default=None, help="write the metrics as JSON to this path")
+    p.add_argument("--record", action="store_true",
+                   help="append the row to the committed results/tables/ (default: results/adhoc/tables/)")
     p.add_argument("--params-only", action="store_true",
                    help="only print every scale's parameter counts (meta device, no data, no training)")
     p.set_defaults(func=run_cli)
-
-
-def parse_overrides(items: list[str]) -> dict:
-    out = {}
-    for item in items:
-        key, sep, value = item.partition("=")
-        if not sep:
-            raise SystemExit(f"--override {item!r}: expected KEY=VALUE")
-        out[key] = yaml.safe_load(value)
-    return out
 
 
 def run_cli(args: argparse.Namespace) -> int:
@@ -87,7 +83,8 @@ def run_cli(args: argparse.Namespace) -> int:
         val = lambda m: evaluate(last_token_scores(m), data.eval_batches("val", bs, max_len), ds.mask_history)  # noqa: E731
         fit = train(model, data, cfg.train, max_len, cfg.negatives, validate=val,
                     flops_fn=lambda b: perf.batch_flops(b.offsets, cfg.model),
-                    checkpoint_dir=args.checkpoint_dir, checkpoint_every=args.checkpoint_every)
+                    checkpoint_dir=args.checkpoint_dir, checkpoint_every=args.checkpoint_every,
+                    identity=resume_identity(cfg, ds.name))
         score = last_token_scores(model)
         useful = sum(r["flops"] for r in fit.timeline)
         out.update(params=parameter_count(model).total, tokens_per_s=fit.tokens_per_s, steps=fit.steps,
@@ -99,12 +96,23 @@ def run_cli(args: argparse.Namespace) -> int:
         out.update({f"{split}_{k}": v for k, v in m.items()})
     out.update({k: out[f"test_{k}"] for k in ("ndcg@10", "hr@10", "mrr")})
     print("  ".join(f"{k}={_fmt(out[k])}" for k in ("dataset", "model", "seed", "steps", *KEYS)))
-    results.append_rows("train_runs", [{k: v for k, v in out.items() if k not in ("scale",)}], cfg)
+    with results.adhoc(not args.record) as sink:
+        results.append_rows("train_runs", [{k: v for k, v in out.items() if k not in ("scale",)}], cfg)
+    print(sink.note())
     if args.json:
         atomic_write_bytes(Path(args.json), (json.dumps(out, indent=2) + "\n").encode())
     if args.losses and fit is not None:
         atomic_write_bytes(Path(args.losses), (json.dumps(fit.losses) + "\n").encode())
     return 0
+
+
+def resume_identity(cfg, dataset: str) -> dict:
+    """The settings a checkpoint must share to be resumed (besides train.* and negatives.*, which the
+    loop checks): the dataset, the data settings and the model (any attention implementation: they
+    compute the same function)."""
+    data = {k: v for k, v in dataclasses.asdict(cfg.data).items() if k != "bucket_rows"}
+    model = {k: v for k, v in dataclasses.asdict(cfg.model).items() if k != "attention_impl"}
+    return {"dataset": dataset, "data": data, "model": model}
 
 
 def _fmt(v) -> str:

@@ -7,11 +7,14 @@ Per step it records a timeline (data, forward, loss, backward, optimizer seconds
 learning rate and the useful FLOPs of the batch (grlib.perf). With `validate` (model -> metrics)
 it evaluates after every epoch and, when cfg.select_best, ends with the weights of the best
 epoch by validation NDCG@10. With `checkpoint_dir` it writes `last.pt` every `checkpoint_every`
-steps and at each epoch end, and resumes from it (exactly, see grlib.train.checkpoint).
+steps and at each epoch end, and resumes from it (exactly, see grlib.train.checkpoint), saying so
+on stderr. `identity` (e.g. the data and model settings) is stored with each checkpoint, and a
+resume whose identity, train settings, negative path or model differ is refused, naming what.
 """
 from __future__ import annotations
 
 import itertools
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -70,7 +73,8 @@ class _Position:
 def train(model: nn.Module, data: SequenceData, cfg: TrainConfig, max_len: int, negatives: NegativesConfig,
           *, validate: Callable[[nn.Module], dict[str, float]] | None = None,
           checkpoint_dir: str | Path | None = None, checkpoint_every: int = 0, resume: bool = True,
-          flops_fn: Callable[[JaggedBatch], float] | None = None) -> TrainResult:
+          flops_fn: Callable[[JaggedBatch], float] | None = None,
+          identity: dict[str, Any] | None = None) -> TrainResult:
     """Trains `model` in place; deterministic per cfg.seed (given the same initial weights)."""
     torch.manual_seed(cfg.seed)
     rng = np.random.default_rng(cfg.seed)
@@ -78,12 +82,15 @@ def train(model: nn.Module, data: SequenceData, cfg: TrainConfig, max_len: int, 
     opt = Optimizers(model, cfg)
     pos, result, best = _Position(), TrainResult(), {"state": None, "metric": -np.inf}
     ckpt = Path(checkpoint_dir) / "last.pt" if checkpoint_dir else None
+    run = _RunIdentity(cfg, negatives, identity or {})
     if ckpt and resume and ckpt.exists():
-        _restore(checkpoint.load(ckpt), model, opt, path, rng, pos, result, best, cfg)
+        _restore(ckpt, checkpoint.load(ckpt), model, opt, path, rng, pos, result, best, run)
+        print(f"resuming from {ckpt} at step {pos.step} (epoch {pos.epoch}, batch {pos.batch})",
+              file=sys.stderr, flush=True)
 
     per_epoch = data.n_train_batches(cfg.batch_size)
     total = cfg.epochs * per_epoch if not cfg.max_steps else min(cfg.epochs * per_epoch, cfg.max_steps)
-    save = (lambda: checkpoint.save(ckpt, _snapshot(model, opt, path, pos, result, best, cfg))) if ckpt else None
+    save = (lambda: checkpoint.save(ckpt, _snapshot(model, opt, path, pos, result, best, run))) if ckpt else None
     model.train()
     try:
         with bar(total, desc="train", initial=pos.step) as pbar:
@@ -103,8 +110,8 @@ def train(model: nn.Module, data: SequenceData, cfg: TrainConfig, max_len: int, 
                     result.losses.append(record["loss"])
                     result.tokens += record["tokens"]
                     result.seconds += sum(record[f"{p}_s"] for p in PHASES)
-                    pbar.update(1)
                     pbar.set_postfix(loss=f"{record['loss']:.3f}", refresh=False)
+                    pbar.update(1)
                     if save and checkpoint_every and pos.step % checkpoint_every == 0:
                         save()
                 if pos.batch >= per_epoch or pos.step >= total:  # the epoch is over, or cut by max_steps
@@ -160,12 +167,29 @@ def _end_epoch(model, validate, cfg: TrainConfig, pos: _Position, result: TrainR
 
 # Fields of TrainConfig that must match for a checkpoint to be resumed (epochs / max_steps may grow).
 _RESUME_FIELDS = ("batch_size", "lr", "weight_decay", "seed", "warmup_steps", "grad_clip", "embedding_optimizer")
+# Fields of NegativesConfig that may differ: async and sync sampling draw the same ids.
+_FREE_NEGATIVES_FIELDS = ("async_sampling", "queue_depth")
+
+
+@dataclass
+class _RunIdentity:
+    """What a checkpoint must agree with to be resumed."""
+
+    cfg: TrainConfig
+    negatives: NegativesConfig
+    extra: dict[str, Any]
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"train": {f: getattr(self.cfg, f) for f in _RESUME_FIELDS},
+                "negatives": {f: v for f, v in vars(self.negatives).items() if f not in _FREE_NEGATIVES_FIELDS},
+                **self.extra}
 
 
 def _snapshot(model, opt: Optimizers, path, pos: _Position, result: TrainResult, best: dict,
-              cfg: TrainConfig) -> dict[str, Any]:
+              run: _RunIdentity) -> dict[str, Any]:
+    ident = run.as_dict()
     return {
-        "config": {f: getattr(cfg, f) for f in _RESUME_FIELDS},
+        "config": ident.pop("train"), "identity": ident, "model_signature": checkpoint.model_signature(model),
         "model": model.state_dict(), "optimizers": opt.state_dict(), "negatives": checkpoint.path_state(path),
         "position": vars(pos).copy(), "torch_rng": torch.get_rng_state(),
         "losses": list(result.losses), "val_history": list(result.val_history), "best_epoch": result.best_epoch,
@@ -173,13 +197,19 @@ def _snapshot(model, opt: Optimizers, path, pos: _Position, result: TrainResult,
     }
 
 
-def _restore(state: dict, model, opt: Optimizers, path, rng, pos: _Position, result: TrainResult, best: dict,
-             cfg: TrainConfig) -> None:
-    for f in _RESUME_FIELDS:
-        if state["config"][f] != getattr(cfg, f):
-            raise ValueError(f"checkpoint was written with train.{f}={state['config'][f]!r}, "
-                             f"this run has {getattr(cfg, f)!r}: cannot resume it")
-    model.load_state_dict(state["model"])
+def _restore(ckpt: Path, state: dict, model, opt: Optimizers, path, rng, pos: _Position, result: TrainResult,
+             best: dict, run: _RunIdentity) -> None:
+    here = run.as_dict()
+    differ = checkpoint.differences({"train": state["config"]}, {"train": here.pop("train")})
+    if "identity" in state:  # (checkpoints written before these were stored are checked on train.* only)
+        differ += checkpoint.differences(state["identity"], here)
+    if "model_signature" in state and not differ:  # (settings that differ explain the shapes that do)
+        differ += checkpoint.model_differences(state["model_signature"], model)
+    checkpoint.refuse(ckpt, differ)
+    try:
+        model.load_state_dict(state["model"])
+    except RuntimeError as err:  # a checkpoint older than model signatures
+        checkpoint.refuse(ckpt, [" ".join(str(err).split())[:300]])
     opt.load_state_dict(state["optimizers"])
     checkpoint.load_path_state(path, state["negatives"])
     for k, v in state["position"].items():

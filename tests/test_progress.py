@@ -1,0 +1,89 @@
+"""Progress when stderr is not a terminal: periodic one-line logs (GRLIB_PROGRESS_INTERVAL), a last
+line for work that logged, nothing for short work, nothing at all under GRLIB_PROGRESS=0."""
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import time
+
+import pytest
+
+from grlib import progress
+
+
+@pytest.fixture
+def log_mode(monkeypatch):
+    monkeypatch.delenv("GRLIB_PROGRESS", raising=False)  # stderr is captured by pytest: not a terminal
+    monkeypatch.setenv("GRLIB_PROGRESS_INTERVAL", "0")
+    assert progress.mode() == "log"
+
+
+def test_log_lines_at_each_interval_and_at_the_end(log_mode, capsys):
+    with progress.bar(4, desc="train", initial=1) as b:
+        for _ in range(3):
+            b.update(1)
+            b.set_postfix(loss="2.500", refresh=False)
+    lines = capsys.readouterr().err.splitlines()
+    assert [line.split(" in ")[0] for line in lines] == ["train: 2/4 (50%)", "train: 3/4 (75%)", "train: 4/4 (100%)",
+                                                         "train: 4/4 (100%)"]
+    assert re.fullmatch(r"train: 2/4 \(50%\) in 00:00, .*it/s, 00:0\d left", lines[0]), lines[0]
+    assert lines[1].endswith(", loss=2.500") and lines[-1].endswith(", finished, loss=2.500")
+
+
+def test_iterables_and_stopped_work(log_mode, capsys):
+    assert list(progress.progress(range(3), desc="rows")) == [0, 1, 2]
+    assert list(progress.progress(iter("ab"), desc="gen")) == ["a", "b"]
+    with progress.bar(10, desc="cut") as b:
+        b.update(2)
+    err = capsys.readouterr().err.splitlines()
+    rows, gen, cut = ([line for line in err if line.startswith(d + ": ")] for d in ("rows", "gen", "cut"))
+    assert [line.split(" in ")[0] for line in rows] == ["rows: 1/3 (33%)", "rows: 2/3 (67%)", "rows: 3/3 (100%)",
+                                                        "rows: 3/3 (100%)"] and rows[-1].endswith("finished")
+    assert [line.split(" in ")[0] for line in gen] == ["gen: 1", "gen: 2", "gen: 2"] and gen[-1].endswith("finished")
+    assert len(cut) == 2 and cut[-1].startswith("cut: 2/10 (20%)") and cut[-1].endswith("stopped")
+
+
+def test_short_work_is_silent_and_the_interval_is_honoured(monkeypatch, capsys):
+    monkeypatch.delenv("GRLIB_PROGRESS", raising=False)
+    monkeypatch.setenv("GRLIB_PROGRESS_INTERVAL", "0.2")
+    with progress.bar(100, desc="quick") as b:
+        b.update(50)
+    assert capsys.readouterr().err == ""
+    with progress.bar(100, desc="slow") as b:
+        for _ in range(10):
+            time.sleep(0.05)
+            b.update(1)
+    lines = capsys.readouterr().err.splitlines()
+    assert 1 <= len(lines) - 1 <= 3 and lines[-1].startswith("slow: 10/100") and "stopped" in lines[-1], lines
+
+
+def test_silenced_and_forced(monkeypatch, capsys):
+    monkeypatch.setenv("GRLIB_PROGRESS", "0")
+    monkeypatch.setenv("GRLIB_PROGRESS_INTERVAL", "0")
+    with progress.bar(3, desc="x") as b:
+        b.update(3)
+    progress.log("a line")
+    assert capsys.readouterr().err == ""
+    monkeypatch.setenv("GRLIB_PROGRESS", "1")
+    assert progress.mode() == "bar"
+    for bad, var in (("yes", "GRLIB_PROGRESS"), ("-1", "GRLIB_PROGRESS_INTERVAL"), ("nan", "GRLIB_PROGRESS_INTERVAL")):
+        monkeypatch.setenv("GRLIB_PROGRESS", "log")
+        monkeypatch.setenv(var, bad)
+        with pytest.raises(progress.ProgressSettingError, match=var):
+            progress.bar(3) if var == "GRLIB_PROGRESS" else progress.interval()
+        monkeypatch.setenv("GRLIB_PROGRESS_INTERVAL", "0")
+
+
+def test_train_cli_logs_progress_when_stderr_is_a_pipe(tmp_path):
+    env = {k: v for k, v in os.environ.items() if k != "GRLIB_PROGRESS"}
+    env.update(GRLIB_DATA_DIR=str(tmp_path / "data"), GRLIB_RESULTS_DIR=str(tmp_path / "results"),
+               GRLIB_PROGRESS_INTERVAL="0")
+    proc = subprocess.run([sys.executable, "-m", "grlib", "train", "--scale", "smoke", "--max-steps", "3"],
+                          env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    train_lines = [line for line in proc.stderr.splitlines() if line.startswith("train: ")]
+    assert [line.split(" in ")[0] for line in train_lines] == ["train: 1/3 (33%)", "train: 2/3 (67%)",
+                                                               "train: 3/3 (100%)", "train: 3/3 (100%)"]
+    assert "loss=" in train_lines[0] and "finished" in train_lines[-1]
