@@ -4,7 +4,7 @@
 #   make reproduce   dvc repro at params.yaml's scale (laptop): tables, figures, executed notebooks
 #   make test        pytest: unit, property, pipeline, notebooks (nbmake)
 #   make lab         JupyterLab on notebooks/ (127.0.0.1:8888)
-#   make bench       every benchmark command at the laptop scale (rows in results/tables/bench_*)
+#   make bench       every benchmark command at the laptop scale (--record: rows in results/tables/bench_*)
 #   make setup       only the environment and the compiled kernels
 
 PYTHON ?= python3
@@ -56,11 +56,11 @@ lab: $(KERNEL_STAMP)
 	jupyter lab --no-browser --ip=127.0.0.1 --port=8888 notebooks/
 
 bench: $(KERNEL_STAMP)
-	$(PY) -m grlib bench ops --scale laptop --json results/metrics/bench_ops.json
-	$(PY) -m grlib bench train --scale laptop --json results/metrics/bench_train.json
-	$(PY) -m grlib bench data --scale laptop --rows 5000000 10000000 --json results/metrics/bench_data.json
-	$(PY) -m grlib bench kernels --scale laptop --json results/metrics/bench_kernels.json
-	$(PY) -m grlib bench negatives --scale laptop --seeds 0 1 2 --half-formats fp16 bf16 --train-steps 60 --eval-users 0 --timing-rounds 5 --json results/metrics/bench_negatives.json
+	$(PY) -m grlib bench ops --scale laptop --record --json results/metrics/laptop/bench_ops.json
+	$(PY) -m grlib bench train --scale laptop --record --json results/metrics/laptop/bench_train.json
+	$(PY) -m grlib bench data --scale laptop --record --rows 5000000 10000000 --json results/metrics/laptop/bench_data.json
+	$(PY) -m grlib bench kernels --scale laptop --record --json results/metrics/laptop/bench_kernels.json
+	$(PY) -m grlib bench negatives --scale laptop --record --seeds 0 1 2 --half-formats fp16 bf16 --train-steps 60 --eval-users 0 --timing-rounds 5 --json results/metrics/laptop/bench_negatives.json
 
 clean-venv:
 	rm -rf $(VENV) build
