@@ -1,7 +1,7 @@
-"""FLOPs accounting (recsys-examples' HSTU formula), the cached peak, MFU."""
+"""FLOPs accounting (recsys-examples' HSTU formula), the peak measured in the run (no cache), MFU."""
 from __future__ import annotations
 
-import json
+import math
 
 import pytest
 import torch
@@ -64,23 +64,56 @@ def test_sasrec_counts_and_popularity_refused():
         perf.sequence_flops([4], ModelConfig(name="popularity"))
 
 
-def test_peak_is_measured_once_per_hardware(monkeypatch, tmp_path):
+def test_peak_is_measured_at_every_call_and_never_cached(monkeypatch, tmp_path):
     monkeypatch.setenv("GRLIB_DATA_DIR", str(tmp_path))
-    calls = []
-    monkeypatch.setattr(perf, "measure_peak_flops", lambda: calls.append(1) or {"peak_flops": 1e11, "per_size": {}})
-    assert perf.peak_flops() == 1e11 and perf.peak_flops() == 1e11 and len(calls) == 1
-    cache = json.loads(perf.cache_path().read_text())
-    assert list(cache) == [perf.hardware_key()]
-    monkeypatch.setattr(perf, "hardware_key", lambda: "other-machine")
-    perf.peak_flops()
-    assert len(calls) == 2 and len(json.loads(perf.cache_path().read_text())) == 2
-    perf.peak_flops(refresh=True)
-    assert len(calls) == 3
+    readings = iter([1e11, 2e11])
+    monkeypatch.setattr(perf, "measure_peak_flops", lambda: {"peak_flops": next(readings), "per_size": {}})
+    assert perf.peak_flops() == 1e11 and perf.peak_flops() == 2e11  # a second call measures again
+    assert not any(tmp_path.rglob("*"))  # nothing written under the data folder (no <data>/cache/peak_flops.json)
+
+
+def test_measured_peak_brackets_the_block_and_uses_the_higher(monkeypatch):
+    readings, events = iter([(3e11, 1e11), (2e11, 2e11)]), []
+
+    def measure(sizes):
+        assert sizes == perf.PEAK_SIZES
+        events.append("peak")
+        on_cpu, wall = next(readings)
+        return {"peak_flops": on_cpu, "peak_flops_wall": wall}
+
+    monkeypatch.setattr(perf, "measure_peak_flops", measure)
+    with perf.measured_peak() as peak:
+        events.append("steps")
+        with pytest.raises(RuntimeError, match="not taken yet"):
+            peak.flops
+    assert events == ["peak", "steps", "peak"]
+    assert (peak.before, peak.after, peak.flops) == (3e11, 2e11, 3e11)
+    assert (peak.before_wall, peak.after_wall, peak.flops_wall) == (1e11, 2e11, 2e11)
 
 
 def test_measured_peak_is_a_real_gemm_rate():
-    out = perf.measure_peak_flops(sizes=(128, 256), repeats=2, warmup=1)
-    assert out["peak_flops"] == max(out["per_size"].values()) > 1e8  # even a slow CPU beats 0.1 GFLOP/s
+    out = perf.measure_peak_flops(sizes=(64, 128), repeats=2, warmup=1)
+    assert set(out["per_size"]) == set(out["per_size_wall"]) == {64, 128}
+    assert out["peak_flops"] == max(out["per_size"].values())
+    assert out["peak_flops_wall"] == max(out["per_size_wall"].values())
+    for n in (64, 128):  # the on-CPU time never exceeds the wall time, so the rate is at least the wall-clock one
+        assert math.isfinite(out["per_size"][n]) and out["per_size"][n] >= out["per_size_wall"][n] > 0
+    assert out["threads"] == torch.get_num_threads() and out["dtype"] == "float32"
+
+
+def test_peak_counts_on_cpu_time_not_time_spent_waiting(monkeypatch):
+    """A GEMM that waited for a core (wall 4 s, 2 threads on CPU 1 s each) counts as 1 s; one whose
+    process burnt more CPU than its threads could (another thread busy) counts its wall time."""
+    clocks = {"wall": [0.0, 4.0], "cpu": [0.0, 2.0]}
+    monkeypatch.setattr(perf.time, "perf_counter", lambda: clocks["wall"].pop(0))
+    monkeypatch.setattr(perf.time, "process_time", lambda: clocks["cpu"].pop(0))
+    monkeypatch.setattr(perf.torch, "get_num_threads", lambda: 2)
+    monkeypatch.setattr(perf.torch, "mm", lambda a, b, out: None)
+    out = perf.measure_peak_flops(sizes=(8,), repeats=1, warmup=0)
+    assert out["per_size"][8] == 2 * 8 ** 3 / 1.0 and out["per_size_wall"][8] == 2 * 8 ** 3 / 4.0
+    clocks.update(wall=[0.0, 1.0], cpu=[0.0, 6.0])
+    out = perf.measure_peak_flops(sizes=(8,), repeats=1, warmup=0)
+    assert out["per_size"][8] == out["per_size_wall"][8] == 2 * 8 ** 3 / 1.0
 
 
 def test_mfu():

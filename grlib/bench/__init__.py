@@ -1,5 +1,7 @@
 """Benchmark commands (`python -m grlib bench NAME`): each prints a table, writes result rows and
-optionally JSON, and measures its baseline in the same run.
+optionally JSON, and measures its baseline in the same run. The rows go to the ad-hoc tables
+(results/adhoc/tables/, not in git) unless --record adds them to the committed results/tables/;
+the command says where they went.
 
 Each entry of BENCHES names a module with `add_arguments(parser)` and `run(args) -> list[dict]`.
 """
@@ -16,25 +18,31 @@ BENCHES = {
     "data": "grlib.bench.data",
     "kernels": "grlib.bench.kernels",
     "negatives": "grlib.bench.negatives",
+    "load": "grlib.bench.load",
 }
 
 
 def add_bench_parser(sub: argparse._SubParsersAction) -> None:
-    bench = sub.add_parser("bench", help="benchmarks (each prints a table and appends result rows)")
+    bench = sub.add_parser("bench", help="benchmarks (each prints a table and appends result rows; "
+                                         "ad-hoc unless --record)")
     names = bench.add_subparsers(dest="bench", required=True)
     for name, module in BENCHES.items():
         mod = importlib.import_module(module)
         p = names.add_parser(name, help=(mod.__doc__ or "").strip().splitlines()[0])
         p.add_argument("--json", default=None, help="also write the rows as a JSON list to this path")
         p.add_argument("--scale", default=None, help="named scale from params.yaml (default: smoke)")
+        p.add_argument("--record", action="store_true",
+                       help="append the rows to the committed results/tables/ (default: results/adhoc/tables/)")
         mod.add_arguments(p)
         p.set_defaults(func=lambda args, mod=mod: _run(mod, args))
 
 
 def _run(mod, args: argparse.Namespace) -> int:
-    from grlib.results import atomic_write_bytes
+    from grlib import io, results
 
-    rows = mod.run(args)
+    with results.adhoc(not args.record) as sink:
+        rows = mod.run(args)
     if args.json:
-        atomic_write_bytes(Path(args.json), (json.dumps(rows, indent=2) + "\n").encode())
+        io.atomic_write_text(Path(args.json), json.dumps(rows, indent=2) + "\n")
+    print(sink.note())
     return 0

@@ -1,6 +1,8 @@
-"""Shared benchmark helpers: timing by median of repeats, KuaiRand-like lengths, table printing."""
+"""Shared benchmark helpers: timing by median of repeats, KuaiRand-like lengths, table printing, the
+thread settings every bench row records (grlib.threads)."""
 from __future__ import annotations
 
+import argparse
 import math
 import statistics
 import time
@@ -10,6 +12,7 @@ import numpy as np
 import polars as pl
 import torch
 
+from grlib import threads
 from grlib.data.synthetic import LENGTH_MAX, LENGTH_MEDIAN, LENGTH_MIN, LENGTH_SIGMA
 
 Z99 = 2.3263478740408408  # standard normal 0.99 quantile
@@ -50,6 +53,23 @@ def print_table(rows: list[dict], title: str) -> pl.DataFrame:
     return df
 
 
+def positive_int(text: str) -> int:
+    """argparse type of --threads and counts: an integer >= 1."""
+    try:
+        n = int(text)
+    except ValueError:
+        n = 0
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return n
+
+
 def set_threads(n: int | None) -> None:
-    if n:
+    """torch's intra-op threads for this bench (a --threads flag); None keeps grlib's choice (grlib.threads)."""
+    if n is not None:
         torch.set_num_threads(n)
+
+
+def thread_columns() -> dict[str, str | int]:
+    """{"wait_policy": ..., "threads": ...}: the OpenMP wait policy and torch threads a row was measured with."""
+    return threads.policy()

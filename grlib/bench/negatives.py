@@ -3,16 +3,16 @@
 Runs the `ablations.negatives` grid of params.yaml (flags override single fields) on the scale's
 synthetic twin and MovieLens-100K: step ms, negative-path memory, negatives per token, embedding
 rows per step and NDCG@10 after a fixed budget, with ratios against the per-token baseline
-measured in the same run (grlib.negatives.ablation). Rows go to results/tables/bench_negatives.parquet.
+measured in the same run (grlib.negatives.ablation). Rows record the OpenMP wait policy and threads
+(grlib.threads: PASSIVE waiting, so a busy machine does not stall the run) and go to
+results/tables/bench_negatives.parquet.
 """
 from __future__ import annotations
 
 import argparse
 
-import torch
-
-from grlib import results
-from grlib.bench.common import print_table, set_threads
+from grlib import results, threads
+from grlib.bench.common import positive_int, print_table, set_threads, thread_columns
 from grlib.config import load_ablation, load_config
 from grlib.negatives import ablation
 
@@ -35,7 +35,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--eval-users", type=int, default=None, help="users ranked per quality run (0 = all)")
     p.add_argument("--timing-steps", type=int, default=None)
     p.add_argument("--timing-rounds", type=int, default=None)
-    p.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
+    p.add_argument("--threads", type=positive_int, default=None,
+                   help="torch intra-op threads (default: grlib's, see grlib.threads)")
 
 
 def grid_overrides(args: argparse.Namespace) -> dict:
@@ -54,11 +55,11 @@ def run(args: argparse.Namespace) -> list[dict]:
     if not rows:
         raise SystemExit("bench negatives: no dataset could be loaded")
     for r in rows:
-        r["threads"] = torch.get_num_threads()
+        r.update(thread_columns())
     print_table([{name: r[key] for name, key in COLUMNS.items()} for r in rows],
                 f"bench negatives: scale {cfg.scale}, model {cfg.model.name} {cfg.model.n_layers}x{cfg.model.n_heads} "
                 f"d={cfg.model.d_model}, batch {cfg.train.batch_size} x max_len {cfg.data.max_len}, "
-                f"{torch.get_num_threads()} threads; ratios vs the per-token R={ab.baseline_negatives} FP32 baseline")
-    print_table(ablation.acceptance(rows, ab), "acceptance (issue 5)")
+                f"{threads.describe()}; ratios vs the per-token R={ab.baseline_negatives} FP32 baseline")
+    print_table(ablation.acceptance(rows, ab), "acceptance checks: shared pools, half precision, async sampling")
     results.append_rows("bench_negatives", rows, cfg)
     return rows

@@ -2,11 +2,11 @@
 
 MFU = useful FLOPs (grlib.perf, recsys-examples' HSTU formula on the real lengths) per second of
 whole training steps (data, forward, loss, backward, optimizer) / the fp32 GEMM peak measured
-warm in the same run (before and after the steps; the higher one is used). The baselines of the
-same run: the `reference` (padded) attention, and the model's own projection GEMM shapes timed
-alone (`gemm_share_of_peak`: what the projections reach by themselves). `mfu_with_loss` adds the
-sampled softmax's logit products (perf.loss_flops), which the HSTU formula leaves out. Rows go to
-results/tables/bench_train.parquet.
+warm in the same run (perf.measured_peak: before and after the steps; the higher one is used).
+The baselines of the same run: the `reference` (padded) attention, and the model's own projection
+GEMM shapes timed alone (`gemm_share_of_peak`: what the projections reach by themselves). `mfu_with_loss` adds the
+sampled softmax's logit products (perf.loss_flops), which the HSTU formula leaves out. Rows record
+the OpenMP wait policy and threads (grlib.threads) and go to results/tables/bench_train.parquet.
 """
 from __future__ import annotations
 
@@ -17,8 +17,8 @@ import time
 import numpy as np
 import torch
 
-from grlib import ops, perf, results
-from grlib.bench.common import median_ms, print_table, set_threads
+from grlib import ops, perf, results, threads
+from grlib.bench.common import median_ms, positive_int, print_table, set_threads, thread_columns
 from grlib.config import load_config
 from grlib.experiments.train_stage import load_dataset
 from grlib.model import build_model, parameter_count
@@ -31,7 +31,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--steps", type=int, default=8, help="timed training steps per implementation")
     p.add_argument("--warmup", type=int, default=2, help="untimed steps first")
     p.add_argument("--impls", default="all", help="comma-separated hstu_attention impls (default: all that run on CPU)")
-    p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
+    p.add_argument("--threads", type=positive_int, default=None,
+                   help="torch threads (default: grlib's, see grlib.threads)")
     p.add_argument("-o", "--override", action="append", default=[], metavar="KEY=VALUE",
                    help="config override on top of the scale, e.g. -o model.d_model=512 (MFU at another shape)")
 
@@ -94,11 +95,10 @@ def run(args: argparse.Namespace) -> list[dict]:
     impls = ops.runnable("hstu_attention", "cpu") if args.impls == "all" else tuple(args.impls.split(","))
     auto = ops.choose("hstu_attention", "cpu", "auto")
     data, batches = _batches(cfg, args.warmup + args.steps)
-    peaks = [perf.measure_peak_flops()["peak_flops"]]
-    timed = {impl: _time_steps(cfg.replace({"model.attention_impl": impl}), data, batches, args.warmup)
-             for impl in impls}
-    peaks.append(perf.measure_peak_flops()["peak_flops"])
-    peak = max(peaks)
+    with perf.measured_peak() as measured:
+        timed = {impl: _time_steps(cfg.replace({"model.attention_impl": impl}), data, batches, args.warmup)
+                 for impl in impls}
+    peaks, peak = (measured.before, measured.after), measured.flops
     T = int(np.mean([b.item_ids.numel() for b in batches]))
     gemm = _gemm_share(T, cfg.model.d_model, peak)
     count = parameter_count(build_model(cfg.model, data.n_items, cfg.data.max_len, device="meta"))
@@ -115,7 +115,7 @@ def run(args: argparse.Namespace) -> list[dict]:
             "flops_per_step": flops / len(recs), "step_ms": step_ms, "tokens_per_s": sum(r["tokens"] for r in recs) / total_s,
             **{f"{p}_share": sum(r[f"{p}_s"] for r in recs) / total_s for p in PHASES if p != "data"},
             "peak_flops": peak, "peak_before": peaks[0], "peak_after": peaks[1], "gemm_share_of_peak": gemm,
-            "mfu": perf.mfu(flops, total_s, peak), "threads": torch.get_num_threads(),
+            "mfu": perf.mfu(flops, total_s, peak), **thread_columns(),
             "loss_flops_per_step": loss_flops / len(recs), "mfu_with_loss": perf.mfu(flops + loss_flops, total_s, peak),
         })
     for row in rows:
@@ -126,6 +126,6 @@ def run(args: argparse.Namespace) -> list[dict]:
                 f"bench train: scale {cfg.scale}, HSTU {cfg.model.n_layers}x{cfg.model.n_heads} d={cfg.model.d_model}, "
                 f"{count}; batch {cfg.train.batch_size} x max_len {cfg.data.max_len}; "
                 f"peak {peak / 1e9:.1f} GFLOP/s (fp32 GEMM, measured before/after: "
-                f"{peaks[0] / 1e9:.1f}/{peaks[1] / 1e9:.1f}); {args.steps} timed steps each")
+                f"{peaks[0] / 1e9:.1f}/{peaks[1] / 1e9:.1f}); {args.steps} timed steps each; {threads.describe()}")
     results.append_rows("bench_train", rows, cfg)
     return rows
