@@ -10,6 +10,8 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, settings
 
+import grlib  # noqa: F401  (first: sets the OpenMP wait policy before torch loads, as `python -m grlib` does)
+
 settings.register_profile("grlib", deadline=None, max_examples=60,
                           suppress_health_check=[HealthCheck.too_slow])
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "grlib"))
