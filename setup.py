@@ -1,4 +1,4 @@
-"""Builds grlib._C from kernels/cpu/*.cpp with torch.utils.cpp_extension.
+"""Builds grlib._C from kernels/cpu/*.cpp (and the *.h they include) with torch.utils.cpp_extension.
 
 Install with `pip install --no-build-isolation -e .` after torch: build isolation would pull a
 different torch build than the one the extension must link against.
@@ -27,6 +27,8 @@ setup(
         CppExtension(
             "grlib._C",
             sorted(glob.glob("kernels/cpu/*.cpp")),
+            # the shared headers: without them setuptools skips the build when only a header changed
+            depends=sorted(glob.glob("kernels/cpu/*.h")),
             extra_compile_args=["-O3", "-fopenmp", "-std=c++20", *arch],
             extra_link_args=["-fopenmp"],
         )

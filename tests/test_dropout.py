@@ -1,6 +1,7 @@
 """grlib.model.dropout.FastDropout against its definition (x * mask / (1 - k / 65536)), forward and
 backward on random shapes (hypothesis, incl. empty and length-1), its drop rate (binomial test),
-unbiasedness, determinism under torch.manual_seed, and nn.Dropout's train / eval behaviour."""
+unbiasedness, determinism under torch.manual_seed, and nn.Dropout's train / eval behaviour; the op
+grlib.ops.dropout_words: compiled kernel against the torch reference, opcheck, argument errors."""
 from __future__ import annotations
 
 import math
@@ -10,7 +11,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from grlib.model.dropout import WORDS, FastDropout, drop_count, fast_dropout, keep_mask
+from grlib import ops
+from grlib.model.dropout import WORDS, FastDropout, drop_count, fast_dropout, keep_mask, random_words
 
 
 @settings(max_examples=60, deadline=None)
@@ -64,3 +66,48 @@ def test_module_train_eval_and_determinism():
     assert torch.equal(fast_dropout(x, 1.0), torch.zeros_like(x))
     with pytest.raises(ValueError, match="dropout probability"):
         FastDropout(1.5)
+
+
+@settings(max_examples=60, deadline=None)
+@given(shape=st.lists(st.integers(0, 37), min_size=0, max_size=3),
+       threshold=st.one_of(st.sampled_from([-32768, -32767, 0, 32767, 32768]), st.integers(-32768, 32768)),
+       scale=st.sampled_from([0.0, 1.0, 1.25, 1 / 0.9]),
+       dtype=st.sampled_from([torch.float64, torch.float32, torch.bfloat16, torch.float16]),
+       strided=st.booleans(), seed=st.integers(0, 2**31))
+def test_dropout_words_kernel_equals_reference(shape, threshold, scale, dtype, strided, seed):
+    """impl cpu (the one-pass kernel) equals impl reference (x * (words >= threshold) * scale) bitwise,
+    forward and backward (the gradient of each: its own autograd), on random shapes incl. empty and
+    length-1, every threshold edge, strided x."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(*shape, 2, generator=g, dtype=torch.float64).to(dtype)
+    x = x[..., 0] if strided else x[..., 0].contiguous()
+    words = torch.randint(-32768, 32768, x.shape, generator=g, dtype=torch.int32).to(torch.int16)
+    grad = torch.randn(x.shape, generator=g, dtype=torch.float64).to(dtype)
+    outs = []
+    for impl in ("reference", "cpu"):
+        leaf = x.detach().requires_grad_(True)
+        y = ops.dropout_words(leaf, words, threshold, scale, impl=impl)
+        y.backward(grad)
+        outs.append((y.detach(), leaf.grad))
+    (y_ref, g_ref), (y_cpu, g_cpu) = outs
+    assert y_cpu.dtype == dtype and y_cpu.shape == x.shape
+    torch.testing.assert_close(y_cpu, y_ref, rtol=0, atol=0)
+    torch.testing.assert_close(g_cpu, g_ref, rtol=0, atol=0)
+
+
+def test_dropout_words_dispatch_opcheck_and_errors():
+    import grlib.ops.cpu_train  # noqa: F401  (fake impl and autograd of the compiled op)
+
+    assert ops.choose("dropout_words", "cpu") == "cpu"
+    assert ops.implementations("dropout_words") == ("reference", "cpu")
+    torch.manual_seed(0)
+    for shape in ((5, 3), (0,), (1,)):
+        x = torch.randn(shape, requires_grad=True)
+        torch.library.opcheck(torch.ops.grlib.dropout_words.default, (x, random_words(x.shape), -3000, 1.1))
+    x = torch.randn(4, 3)
+    with pytest.raises(ValueError, match="words must be int16 of x's shape"):
+        ops.dropout_words(x, random_words(torch.Size([12])), 0, 1.0)
+    with pytest.raises(ValueError, match="threshold must be in"):
+        ops.dropout_words(x, random_words(x.shape), 32769, 1.0)
+    with pytest.raises(TypeError, match="x must be floating point"):
+        ops.dropout_words(x.long(), random_words(x.shape), 0, 1.0)

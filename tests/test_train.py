@@ -9,12 +9,13 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from grlib import ops
 from grlib.config import TrainConfig, load_config
 from grlib.evaluate import evaluate, last_token_scores
 from grlib.experiments import train_stage
 from grlib.model import build_model
 from grlib.train import PHASES, checkpoint, train
-from grlib.train.optim import BETAS, LazyAdam, Optimizers, lazy_adam_reference
+from grlib.train.optim import BETAS, LazyAdam, Optimizers
 
 
 def test_lazy_adam_equals_adam_when_every_row_is_touched():
@@ -52,8 +53,9 @@ def test_lazy_adam_leaves_untouched_rows_and_moments_alone():
 @given(st.integers(0, 70), st.sampled_from([1, 3, 16, 33]), st.integers(1, 4), st.sampled_from(["float32", "float64"]),
        st.integers(0, 2**16))
 def test_lazy_adam_kernel_matches_the_reference(V, d, steps, dtype, seed):
-    """The compiled one-pass kernel against the PyTorch gather-update-scatter form, over steps with
-    random untouched rows (all, none, some; rows with a single nonzero entry), empty tables included."""
+    """The compiled one-pass kernel (impl cpu) against the PyTorch gather-update-scatter form (impl
+    reference) through the dispatcher, over steps with random untouched rows (all, none, some; rows with
+    a single nonzero entry), empty and one-row tables included."""
     g = torch.Generator().manual_seed(seed)
     dt = getattr(torch, dtype)
     w = torch.randn(V, d, generator=g, dtype=dt)
@@ -66,8 +68,8 @@ def test_lazy_adam_kernel_matches_the_reference(V, d, steps, dtype, seed):
         grad[~keep] = 0
         if V and d > 1:
             grad[0, 1:] = 0  # a row touched through one entry only
-        lazy_adam_reference(ref[0], grad, *ref[1:], group)
-        torch.ops.grlib.lazy_adam_(ker[0], grad, *ker[1:], group["lr"], *group["betas"], group["eps"])
+        ops.lazy_adam_(ref[0], grad, *ref[1:], group["lr"], *group["betas"], group["eps"], impl="reference")
+        ops.lazy_adam_(ker[0], grad, *ker[1:], group["lr"], *group["betas"], group["eps"], impl="cpu")
     for a, b in zip(ker, ref):
         torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-7)
     assert torch.equal(ker[3], ref[3])  # step counts exactly
@@ -80,6 +82,32 @@ def test_lazy_adam_kernel_errors_name_the_argument():
     with pytest.raises(RuntimeError, match="must match the parameter"):
         torch.ops.grlib.lazy_adam_(w, torch.zeros(4, 2), w.clone(), w.clone(), torch.zeros(4, dtype=torch.float64),
                                    0.1, 0.9, 0.98, 1e-8)
+
+
+def test_lazy_adam_dispatch_and_opcheck():
+    """auto is the kernel on CPU; LazyAdam takes the reference for tables the kernel does not take
+    (bfloat16, strided); the compiled op's schema (in-place arguments) and fake impl pass opcheck."""
+    import grlib.ops.cpu_train  # noqa: F401  (the fake impl)
+
+    assert ops.choose("lazy_adam_", "cpu") == "cpu"
+    assert ops.implementations("lazy_adam_") == ("reference", "cpu")
+    g = torch.Generator().manual_seed(0)
+    w = torch.randn(7, 5, generator=g)
+    grad = torch.randn(7, 5, generator=g)
+    grad[[1, 4]] = 0
+    torch.library.opcheck(torch.ops.grlib.lazy_adam_.default,
+                          (w, grad, torch.zeros_like(w), torch.zeros_like(w), torch.zeros(7, dtype=torch.float64),
+                           0.01, 0.9, 0.98, 1e-8))
+    for table in (w.to(torch.bfloat16), torch.randn(5, 7, generator=g).t()):  # tables the kernel refuses
+        state = (torch.zeros_like(table), torch.zeros_like(table), torch.zeros(table.shape[0], dtype=torch.float64))
+        with pytest.raises(RuntimeError, match="lazy_adam_"):
+            ops.lazy_adam_(table.clone(), torch.ones_like(table), *state, 0.1, 0.9, 0.98, 1e-8, impl="cpu")
+        p = torch.nn.Parameter(table.clone())
+        p.grad = torch.ones_like(p)
+        LazyAdam([p], lr=0.1).step()
+        assert (p.detach() != table).all()
+    with pytest.raises(ValueError, match="step must be float64"):
+        ops.lazy_adam_(w, grad, torch.zeros_like(w), torch.zeros_like(w), torch.zeros(7), 0.1, 0.9, 0.98, 1e-8)
 
 
 def test_warmup_and_clipping():

@@ -7,16 +7,18 @@ r < k = round(p * 65536): the drop probability is k / 65536 (within 2**-17 of p)
 elements are scaled by 1 / (1 - k / 65536), so E[dropout(x)] = x exactly. Deterministic under
 torch.manual_seed and restored with torch's RNG state (grlib.train.checkpoint), like nn.Dropout.
 
-On CPU the words are applied by one compiled pass (kernels/cpu/dropout.cpp, grlib::dropout_words:
-no bool mask, cast and second product as passes of their own), forward and backward, and the
-int16 words [*] are kept for the backward; elsewhere the bool mask and x * mask * scale.
+The words are applied by grlib.ops.dropout_words (x * (words >= threshold) * scale): on CPU one
+compiled pass (no bool mask, cast and second product as passes of their own), forward and
+backward, keeping the int16 words [*] for the backward; elsewhere the torch reference, keeping
+the bool mask.
 """
 from __future__ import annotations
 
 import torch
 from torch import Tensor, nn
 
-import grlib.ops.cpu  # noqa: F401  (loads grlib._C: torch.ops.grlib.dropout_words)
+from grlib import ops
+from grlib.ops.dropout import kept
 
 WORDS = 1 << 16
 
@@ -37,37 +39,16 @@ def random_words(shape: torch.Size, device: torch.device | str = "cpu") -> Tenso
 
 def keep_mask(shape: torch.Size, p: float, device: torch.device | str = "cpu") -> Tensor:
     """[shape] bool, True with probability 1 - drop_count(p) / 65536."""
-    return random_words(shape, device) >= drop_count(p) - WORDS // 2
-
-
-class _FastDropout(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x: Tensor, p: float) -> Tensor:
-        k = drop_count(p)
-        ctx.scale = WORDS / (WORDS - k) if k < WORDS else 0.0
-        ctx.threshold = k - WORDS // 2  # kept where word >= threshold (none when p = 1)
-        words = random_words(x.shape, x.device)  # [*] int16
-        ctx.compiled = x.device.type == "cpu"
-        keep = words if ctx.compiled else words >= ctx.threshold  # [*] int16 words | bool mask
-        ctx.save_for_backward(keep)
-        return _apply(x, keep, ctx)
-
-    @staticmethod
-    def backward(ctx, grad: Tensor):
-        (keep,) = ctx.saved_tensors
-        return _apply(grad, keep, ctx), None
-
-
-def _apply(x: Tensor, keep: Tensor, ctx) -> Tensor:
-    if ctx.compiled:
-        return torch.ops.grlib.dropout_words(x, keep, ctx.threshold, ctx.scale)
-    return x * keep * ctx.scale
+    return kept(random_words(shape, device), drop_count(p) - WORDS // 2)
 
 
 def fast_dropout(x: Tensor, p: float, training: bool = True) -> Tensor:
     if not training or p == 0.0:
         return x
-    return _FastDropout.apply(x, p)
+    k = drop_count(p)
+    scale = WORDS / (WORDS - k) if k < WORDS else 0.0
+    threshold = k - WORDS // 2  # kept where word >= threshold (none when p = 1)
+    return ops.dropout_words(x, random_words(x.shape, x.device), threshold, scale)  # words [*] int16
 
 
 class FastDropout(nn.Module):

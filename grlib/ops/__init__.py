@@ -1,4 +1,6 @@
-"""Jagged ops with one dispatcher each: reference (padded torch), fbgemm, cpu (grlib._C), ...
+"""Ops with one dispatcher each: reference (torch), fbgemm, cpu (grlib._C), ...: the jagged
+conversions and reductions, HSTU attention, the ops around it, and the training step's
+dropout_words and lazy_adam_.
 
 Every public op takes `impl="auto"` (choose by device, see registry.PREFERENCE) or an explicit
 implementation name. Feature dims after the token dim are flattened for the kernels and restored.
@@ -23,7 +25,7 @@ from grlib.ops.registry import IMPLS, choose, implementations, runnable
 __all__ = [
     "IMPLS", "Jagged", "choose", "implementations", "offsets_from_lengths", "runnable",
     "jagged_to_padded", "padded_to_jagged", "segment_sum", "segment_mean", "segment_expand",
-    "hstu_attention", "uvqk_attention", "layer_norm_mul",
+    "hstu_attention", "uvqk_attention", "layer_norm_mul", "dropout_words", "lazy_adam_",
 ]
 
 
@@ -158,3 +160,30 @@ def layer_norm_mul(x: Tensor, u: Tensor, weight: Tensor, bias: Tensor, eps: floa
     fn = registry.resolve("layer_norm_mul", x.device, impl)
     d = x.shape[-1]
     return fn(x.reshape(-1, d), u.reshape(-1, d), weight, bias, eps).reshape(x.shape)
+
+
+registry.register("dropout_words", "reference", _loader("dropout", "dropout_words_reference"))
+registry.register("dropout_words", "cpu", _loader("cpu_train", "dropout_words"))
+
+
+def dropout_words(x: Tensor, words: Tensor, threshold: int, scale: float, impl: str = "auto") -> Tensor:
+    """x * (words >= threshold) * scale: x [*] floating, words [*] int16 -> [*] (grlib/ops/dropout.py)."""
+    from grlib.ops.dropout import check_dropout_words_args
+
+    check_dropout_words_args(x, words, threshold)
+    return registry.resolve("dropout_words", x.device, impl)(x, words, threshold, scale)
+
+
+registry.register("lazy_adam_", "reference", _loader("lazy_adam", "lazy_adam_reference"))
+registry.register("lazy_adam_", "cpu", _loader("cpu_train", "lazy_adam_"))
+
+
+def lazy_adam_(w: Tensor, grad: Tensor, exp_avg: Tensor, exp_avg_sq: Tensor, step: Tensor, lr: float,
+               beta1: float, beta2: float, eps: float, impl: str = "auto") -> None:
+    """One lazy Adam step in place on the rows of w [V, d] whose grad row is nonzero; moments exp_avg,
+    exp_avg_sq [V, d], per-row step counts step [V] float64 (grlib/ops/lazy_adam.py). The cpu kernel
+    takes contiguous float32 / float64 tables (grlib.ops.lazy_adam.kernel_fits)."""
+    from grlib.ops.lazy_adam import check_lazy_adam_args
+
+    check_lazy_adam_args(w, grad, exp_avg, exp_avg_sq, step)
+    registry.resolve("lazy_adam_", w.device, impl)(w, grad, exp_avg, exp_avg_sq, step, lr, beta1, beta2, eps)

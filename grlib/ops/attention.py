@@ -18,7 +18,7 @@ are cast to the compute dtype; their gradients come back in their own dtype.
 
 Implementations (grlib.ops.hstu_attention(..., impl=...)): `reference` (this file: pad, dense
 einsum, mask, unpad; the ground truth), `fbgemm` (fbgemm jagged ops around the dense math),
-`cpu` (the fused kernel, kernels/cpu/hstu_attention.cpp), `triton` (CUDA; grlib/ops/
+`cpu` (the fused kernel, kernels/cpu/hstu_*.{h,cpp}), `triton` (CUDA; grlib/ops/
 triton_attention.py), `npu` (torch-npu / fbgemm-ascend; grlib/ops/npu.py). The compiled `cpu`
 kernel computes in float32 for bfloat16 / float16 inputs (float64 for float64) and rounds once on
 output, so it is at least as accurate as the reference run in the same low precision.

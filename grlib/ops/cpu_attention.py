@@ -1,4 +1,5 @@
-"""The compiled jagged HSTU attention (kernels/cpu/hstu_attention.cpp) with autograd and fake impls.
+"""The compiled jagged HSTU attention (kernels/cpu/hstu_*; design in hstu_attention.h) with autograd
+and fake impls.
 
 torch.ops.grlib.hstu_attention is the forward; its backward is a second compiled op,
 torch.ops.grlib.hstu_attention_backward, returning (dq, dk, dv, dpos_bias, dtime_bias) with an

@@ -11,11 +11,11 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-import grlib.ops.cpu  # noqa: F401  (loads grlib._C: torch.ops.grlib.lazy_adam_)
+from grlib import ops
 from grlib.config import TrainConfig
 from grlib.model.embeddings import embedding_parameters
+from grlib.ops.lazy_adam import kernel_fits
 
-KERNEL_DTYPES = (torch.float32, torch.float64)  # tables the CPU kernel updates (others: the reference)
 BETAS = (0.9, 0.98)  # HSTU public training (generative-recommenders): Adam, betas (0.9, 0.98)
 
 
@@ -40,40 +40,10 @@ class LazyAdam(torch.optim.Optimizer):
                     # per-row step counts; the key "step" keeps torch's load_state_dict from casting them
                     # to the parameter's dtype (float32 counts would change the bias corrections after resume)
                     state["step"] = torch.zeros(p.shape[0], dtype=torch.float64, device=p.device)
-                tensors = (p, p.grad, state["exp_avg"], state["exp_avg_sq"])
-                if p.device.type == "cpu" and p.dtype in KERNEL_DTYPES and all(t.is_contiguous() for t in tensors):
-                    # the compiled kernel (kernels/cpu/lazy_adam.cpp): one pass, the same update as below
-                    torch.ops.grlib.lazy_adam_(p, p.grad, state["exp_avg"], state["exp_avg_sq"], state["step"],
-                                               group["lr"], *group["betas"], group["eps"])
-                else:
-                    lazy_adam_reference(p, p.grad, state["exp_avg"], state["exp_avg_sq"], state["step"], group)
-
-
-def lazy_adam_reference(p: Tensor, grad: Tensor, m: Tensor, v: Tensor, n: Tensor, group: dict) -> None:
-    """The PyTorch form of one LazyAdam step on a table p [V, d] (in place): gather the touched rows,
-    update them (_adam_rows), scatter them back. Any device; the ground truth of the CPU kernel."""
-    touched = grad.ne(0).any(dim=1)  # [V]
-    n_touched = int(touched.sum())
-    if n_touched == 0:
-        return
-    if n_touched == p.shape[0]:  # every row: update in place, no gather / scatter
-        _adam_rows(p, grad, m, v, n, group)
-        return
-    rows = touched.nonzero().squeeze(1)  # [R]
-    w, mr, vr, nr = p[rows], m[rows], v[rows], n[rows]
-    _adam_rows(w, grad[rows], mr, vr, nr, group)
-    p[rows], m[rows], v[rows], n[rows] = w, mr, vr, nr
-
-
-def _adam_rows(w: Tensor, g: Tensor, m: Tensor, v: Tensor, n: Tensor, group: dict) -> None:
-    """One Adam step, in place, on rows w [R, d] with moments m, v [R, d] and step counts n [R]."""
-    b1, b2 = group["betas"]
-    m.mul_(b1).add_(g, alpha=1 - b1)
-    v.mul_(b2).addcmul_(g, g, value=1 - b2)
-    n.add_(1)
-    c1 = (1 - b1 ** n).to(w.dtype)[:, None]  # [R, 1] per-row bias corrections
-    c2 = (1 - b2 ** n).to(w.dtype)[:, None]
-    w.sub_(group["lr"] * (m / c1) / ((v / c2).sqrt_() + group["eps"]))
+                m, v = state["exp_avg"], state["exp_avg_sq"]
+                # auto: the one-pass cpu kernel on CPU; the torch reference for tables it does not take
+                impl = "auto" if kernel_fits(p, p.grad, m, v) else "reference"
+                ops.lazy_adam_(p, p.grad, m, v, state["step"], group["lr"], *group["betas"], group["eps"], impl=impl)
 
 
 class Optimizers:

@@ -1,4 +1,5 @@
-// Dropout from 16-bit random words, applied in one pass (grlib/model/dropout.py).
+// Dropout from 16-bit random words, applied in one pass (contract and reference: grlib/ops/dropout.py;
+// the words are drawn in grlib/model/dropout.py).
 //
 //   out[i] = words[i] >= threshold ? x[i] * scale : 0        words [N] int16, x [N]
 //
@@ -44,7 +45,7 @@ at::Tensor dropout_words(const at::Tensor& x_in, const at::Tensor& words_in, int
 }  // namespace
 
 TORCH_LIBRARY_FRAGMENT(grlib, m) {
-  // x * (words >= threshold) * scale in one pass; words [numel(x)] int16 (grlib/model/dropout.py).
+  // x * (words >= threshold) * scale in one pass; words [numel(x)] int16 (grlib/ops/dropout.py).
   m.def("dropout_words(Tensor x, Tensor words, int threshold, float scale) -> Tensor");
 }
 

@@ -7,7 +7,7 @@
 //   m = beta1 * m + (1 - beta1) * g;  v = beta2 * v + (1 - beta2) * g * g
 //   w -= lr * (m / c1) / (sqrt(v / c2) + eps)
 //
-// The same operations in the same order as the PyTorch reference grlib.train.optim._adam_rows
+// The same operations in the same order as the PyTorch reference grlib.ops.lazy_adam._adam_rows
 // (which gathers the touched rows, updates them and scatters them back: five [V, d] passes and
 // three gathers / scatters); here each row is read and written once. Rows are independent
 // (at::parallel_for over row chunks).

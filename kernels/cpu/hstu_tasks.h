@@ -1,0 +1,64 @@
+// Work partitioning of the jagged HSTU attention (hstu_attention.h): tasks of (sequence, head, tile)
+// or (sequence, head) with their cost in tile pairs, longest first, handed out dynamically to the
+// workers of at::parallel_for; per-worker scratch.
+#pragma once
+
+#include <ATen/Parallel.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstdint>
+#include <vector>
+
+#include "hstu_tiles.h"
+
+namespace hstu {
+
+struct Task {
+  int64_t b, h, blk, cost;
+};
+
+// Every (sequence, head, tile) with its cost in tile pairs; `by_key` = cost of a key tile.
+inline std::vector<Task> make_tasks(const int64_t* o, int64_t B, int64_t H, bool by_key) {
+  std::vector<Task> tasks;
+  for (int64_t b = 0; b < B; ++b) {
+    const int64_t n = (o[b + 1] - o[b] + BLK - 1) / BLK;
+    for (int64_t t = 0; t < n; ++t)
+      for (int64_t h = 0; h < H; ++h) tasks.push_back({b, h, t, by_key ? n - t : t + 1});
+  }
+  std::stable_sort(tasks.begin(), tasks.end(), [](const Task& a, const Task& b) { return a.cost > b.cost; });
+  return tasks;
+}
+
+// One task per (sequence, head) of a non-empty sequence, costing its tile pairs n (n + 1) / 2,
+// longest first: the tasks of the one-pass backward.
+inline std::vector<Task> sequence_tasks(const int64_t* o, int64_t B, int64_t H) {
+  std::vector<Task> tasks;
+  for (int64_t b = 0; b < B; ++b) {
+    const int64_t n = (o[b + 1] - o[b] + BLK - 1) / BLK;
+    if (n > 0)
+      for (int64_t h = 0; h < H; ++h) tasks.push_back({b, h, 0, n * (n + 1) / 2});
+  }
+  std::stable_sort(tasks.begin(), tasks.end(), [](const Task& x, const Task& y) { return x.cost > y.cost; });
+  return tasks;
+}
+
+// Runs fn(worker, task) for every task, longest first, dynamically balanced over the workers of
+// at::parallel_for (one index per worker; nested calls run serially on worker 0).
+template <typename F>
+void run_tasks(const std::vector<Task>& tasks, int64_t workers, const F& fn) {
+  std::atomic<int64_t> next{0};
+  const int64_t n = static_cast<int64_t>(tasks.size());
+  at::parallel_for(0, workers, 1, [&](int64_t w0, int64_t w1) {
+    for (int64_t w = w0; w < w1; ++w)
+      for (int64_t t = next.fetch_add(1); t < n; t = next.fetch_add(1)) fn(w, tasks[t]);
+  });
+}
+
+// Per-worker scratch of `n` elements each.
+template <typename T>
+std::vector<std::vector<T>> scratch(int64_t workers, int64_t n) {
+  return std::vector<std::vector<T>>(workers, std::vector<T>(n));
+}
+
+}  // namespace hstu
