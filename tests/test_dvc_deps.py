@@ -2,8 +2,8 @@
 
 A stage's grlib files are the import closure of (a) the modules its notebook imports and (b) the
 command that runs it (`python -m grlib notebook NAME`: grlib/__main__.py, the module of the
-command's handler with its module-level imports, and the handler's own imports; not the rest of
-the command-line parser). Imports are read with ast and followed transitively:
+subcommand's handler (and its packages) with their module-level imports, and the handler's own
+imports; not the parser's dispatch, which imports every subcommand's module without running it). Imports are read with ast and followed transitively:
 - `import a.b` and `from a.b import c` anywhere in a file (inside functions too), where c counts
   as a module when a file or package of that name exists; importing a.b also runs a/__init__.py;
 - a string literal that names a grlib module ("grlib.bench.kernels" for `python -m`, a registry
@@ -121,21 +121,24 @@ def import_time(tree: ast.Module) -> ast.Module:
 
 
 def command_modules(cmd: str, scale: str) -> dict[str, str]:
-    """The modules `python -m grlib <subcommand> ...` runs: grlib/__main__.py and the subcommand's
-    handler module at import time, then the handler's own imports (the other subcommands' code,
-    imported to build the parser, does not run)."""
+    """The modules `python -m grlib <subcommand> ...` runs: grlib/__main__.py; the subcommand's
+    handler module and its packages, at import time; the handler's own imports. The dispatch in
+    between (building the parser, which imports every subcommand's module) runs no stage code."""
     argv = shlex.split(cmd.replace("${scale}", scale))
     assert argv[:3] == ["python", "-m", PACKAGE], f"not a `python -m {PACKAGE}` command: {cmd}"
     from grlib.cli import build_parser
 
     handler = build_parser().parse_args(argv[3:]).func
     name = f"{handler.__module__}.{handler.__name__}"
-    entry = {f"{PACKAGE}.__main__": "python -m grlib", handler.__module__: f"the handler {name}"}
+    parts = handler.__module__.split(".")
+    entry = {f"{PACKAGE}.__main__": "python -m grlib",
+             **{".".join(parts[:i]): f"the handler {name}" for i in range(1, len(parts) + 1)}}
     start = dict(entry)
     for module in entry:
         path = module_file(module)
-        for m in imported(import_time(ast.parse(path.read_text())), module, path.name == "__init__.py"):
-            start.setdefault(m, f"{module} (import time) -> {m}")
+        if module != f"{PACKAGE}.__main__":
+            for m in imported(import_time(ast.parse(path.read_text())), module, path.name == "__init__.py"):
+                start.setdefault(m, f"{module} (import time) -> {m}")
     handler_file = module_file(handler.__module__)
     for m in imported(ast.parse(textwrap.dedent(inspect.getsource(handler))), handler.__module__,
                       handler_file.name == "__init__.py"):
