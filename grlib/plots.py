@@ -1,6 +1,13 @@
 """Altair charts from polars frames, saved as SVG and PNG (vl-convert) atomically under their scale:
 results/figures/<scale>/<name>.<fmt>. Every saved chart says its scale, git commit and date
-(a subtitle), so a figure can never be mistaken for another scale's."""
+(a subtitle), so a figure can never be mistaken for another scale's.
+
+Charts shown in a notebook render offline: use_offline_renderer() (called when grlib.experiments,
+which builds every chart, is imported) switches altair from its default renderer (HTML that loads
+vega from a CDN: blank without internet) to PNG images drawn in the kernel by vl-convert. PNG, not
+SVG: JupyterLab shows SVG outputs only in trusted notebooks, and executed notebooks (papermill,
+nbmake, DVC's results/executed/) open untrusted; a PNG output shows everywhere, with no
+JavaScript. A renderer the user enabled before is kept."""
 from __future__ import annotations
 
 import datetime as dt
@@ -9,6 +16,14 @@ from pathlib import Path
 import altair as alt
 
 from grlib import io, manifest, paths, results
+
+
+def use_offline_renderer() -> str:
+    """Notebook charts as PNG made by vl-convert (144 ppi: twice the pixels, shown at the chart's
+    size), unless a renderer other than altair's default is enabled; returns the active renderer."""
+    if alt.renderers.active == "default":
+        alt.renderers.enable("png", ppi=144)
+    return alt.renderers.active
 
 
 def figures_dir(scale: str) -> Path:

@@ -1,0 +1,34 @@
+"""Typed configuration: one dataclass per section, loaded from a named scale in params.yaml.
+
+params.yaml holds `scale` (the default scale of `dvc repro` and of every command), `scales`
+(smoke, laptop, server, paper: each a dict of sections) and `ablations` (the grids each
+experiment sweeps). A notebook loads a scale and overrides single fields from its parameters cell:
+
+    cfg = load_config("smoke", {"model.n_layers": 2, "train": {"lr": 3e-4}})
+    cfg = load_config("smoke", '{"model.n_layers": 2}')   # the same mapping as YAML / JSON text
+    ab = load_ablation("train", {"seeds": [0, 1]})
+
+Unknown scales, sections or fields raise ConfigError listing the valid ones; a value of the wrong
+type or out of range raises ConfigError naming the field.
+
+    choices     every choice list (datasets, models, samplers, precisions, ...), written once
+    fields      ConfigError, field checks, type-checked application of values to a dataclass
+    sections    DataConfig, ModelConfig, NegativesConfig, TrainConfig, KernelsConfig, Config
+    loader      read_params, load_config, overrides (mappings, YAML / JSON text, -o KEY=VALUE)
+    ablations   TrainAblation, KernelsAblation, NegativesAblation, load_ablation
+    arguments   --scale and -o for a command's parser, and the Config they give
+"""
+from grlib.config import choices
+from grlib.config.ablations import ABLATIONS, KernelsAblation, NegativesAblation, TrainAblation, load_ablation
+from grlib.config.arguments import add_config_arguments, config_from_args
+from grlib.config.fields import ConfigError
+from grlib.config.loader import as_mapping, default_scale, load_config, parse_overrides, read_params, scale_names
+from grlib.config.sections import (SECTIONS, Config, DataConfig, KernelsConfig, ModelConfig, NegativesConfig,
+                                   TrainConfig)
+
+__all__ = [
+    "ABLATIONS", "SECTIONS", "Config", "ConfigError", "DataConfig", "KernelsAblation", "KernelsConfig",
+    "ModelConfig", "NegativesAblation", "NegativesConfig", "TrainAblation", "TrainConfig", "add_config_arguments",
+    "as_mapping", "choices", "config_from_args", "default_scale", "load_ablation", "load_config",
+    "parse_overrides", "read_params", "scale_names",
+]

@@ -1,0 +1,29 @@
+"""Every choice list of the configuration, written once: the dataclass checks (grlib.config.sections,
+grlib.config.ablations) and the command-line choices use these tuples; their order is the order
+error messages list them in."""
+from __future__ import annotations
+
+from grlib.data.schema import ACTION_BITS
+
+# data
+DATASETS = ("synthetic", "kuairand-pure", "kuairand-1k", "kuairand-27k", "ml-100k")  # data.dataset
+TARGETS = ("all", *ACTION_BITS)  # data.target: an action column or every row
+CONTEXTS = ("all", "targets")  # data.context: history tokens are all impressions or only the targets
+
+# model
+MODELS = ("hstu", "sasrec", "popularity")  # model.name, ablations.train.models
+IMPLS = ("reference", "fbgemm", "cpu", "triton", "npu")  # operator implementations: ablations.kernels.impls
+
+# negatives
+SAMPLERS = ("uniform", "popularity", "in-batch")  # negatives.sampler, ablations.negatives.samplers
+SHARING = ("per-token", "shared")  # negatives.sharing
+PRECISIONS = ("fp32", "fp16", "bf16")  # negatives.precision
+HALF_FORMATS = tuple(p for p in PRECISIONS if p != "fp32")  # ablations.negatives.half_formats
+NEGATIVES_DATASETS = ("synthetic", "ml-100k")  # ablations.negatives.datasets
+
+# train
+EMBEDDING_OPTIMIZERS = ("lazy_adam", "adamw")  # train.embedding_optimizer
+
+# kernels
+KERNEL_DTYPES = ("float32", "bfloat16")  # kernels.dtype
+REGIMES = ("truncated", "scaled")  # ablations.kernels.regimes: real lengths cut at max_len, or scaled to it
