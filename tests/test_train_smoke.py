@@ -6,7 +6,7 @@ import math
 
 from grlib import results
 from grlib.config import load_ablation, load_config
-from grlib.experiments import data_stage, report, train_stage
+from grlib.experiments import claims, data_stage, report, train_stage
 
 
 def test_smoke_stage_chain(isolated_outputs):
@@ -61,8 +61,9 @@ def test_report_claims_read_the_newest_run_of_each_table(isolated_outputs):
     new = [dict(old[0]), dict(old[1], fwd_bwd_ms=8.0, speedup_vs_reference=1.25, mem_reduction_vs_reference=0.5)]
     results.append_rows("kernels", new, cfg)
     rep = report.run("smoke")
-    c1 = rep["claims"].filter(rep["claims"]["claim"].str.starts_with("C1"))
+    c1 = rep["claims"].filter(rep["claims"]["target"].is_in(["C1.speedup", "C1.memory"]))
     assert c1.height == 2 and not c1["met"].any()  # the newer, slower run decides, not the older one
-    assert c1["figure"].to_list() == ["1.25", "0.5"]
-    assert "C1 fused jagged attention" in rep["markdown"].read_text()
-    assert report.run("laptop")["claims"].height == 0  # no laptop rows: nothing claimed
+    assert c1["ours"].to_list() == ["1.25x", "50%"]
+    assert "| C1 fused jagged operators remove padding |" in rep["markdown"].read_text()
+    laptop = report.run("laptop")["claims"]  # no laptop rows: every claim listed, none measured
+    assert set(laptop["target"]) == set(claims.TARGETS) and set(laptop["verdict"]) == {"not measured yet"}

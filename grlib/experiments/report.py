@@ -1,13 +1,25 @@
-"""Stage `report` (notebooks/99_report): latest rows per configuration, claims and figures of one
-scale, written to results/summary/<scale>.md and results/figures/<scale>/ (never another scale's)."""
+"""Stage `report` (notebooks/99_report): every claim of the registry (grlib.experiments.claims) at
+every scale present in the result tables, and model quality.
+
+`run(scale)` writes results/summary/<scale>.md and results/figures/<scale>/ (never another
+scale's); `render_all()` gives the claims of every scale as markdown and writes nothing.
+Each claim row reads the newest run of its stage's table at the scale (the train table: the newest
+row per dataset, model and seed; bench_train: the newest row per model shape). A target with no
+row reads "not measured yet", with the reason; none is left out.
+"""
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 import altair as alt
 import polars as pl
 
 from grlib import io, paths, plots, results
+from grlib.config import load_config, scale_names
+from grlib.experiments import claims as registry
+from grlib.experiments.claims import Figure, Target
 
 
 def train_summary(scale: str | None = None) -> pl.DataFrame:
@@ -43,36 +55,174 @@ def _latest_run(name: str, scale: str | None) -> pl.DataFrame:
     return table.filter(pl.col("run_id") == newest)
 
 
-def claims(scale: str | None = None) -> pl.DataFrame:
-    """The paper's claims this workbench measures, read from the newest run of each stage's table:
-    one row per check with the measured figure, the paper's figure and whether this run meets it."""
-    rows: list[dict] = []
-    kern = _latest_run("kernels", scale)
-    if kern.height:
-        from grlib.experiments import kernels_stage
-        for r in kernels_stage.acceptance(kern).iter_rows(named=True):
-            rows.append({"claim": "C1 fused jagged attention", "check": r["check"],
-                         "figure": f"{r['value']:.3g}", "paper": "2.2x faster, 70% less memory", "met": r["met"]})
-    neg = _latest_run("negatives", scale)
-    if neg.height:
-        from grlib.config import load_ablation
-        from grlib.negatives import ablation
-        for r in ablation.acceptance(neg.to_dicts(), load_ablation("negatives")):
-            rows.append({"claim": f"C6 negatives ({r['dataset']})", "check": r["check"], "figure": r["figure"],
-                         "paper": "wider negatives at no extra lookups", "met": r["met"]})
+# ---------------------------------------------------------------------------------------------
+# claim rows
+
+
+@dataclass(frozen=True)
+class Found:
+    """One result a table gives for a target: the check (with its context), ours, how, the verdict."""
+    target: str          # registry key
+    check: str
+    ours: str
+    how: str             # the run it comes from and its parameters
+    met: bool | None     # None: the target has no threshold
+
+
+VERDICTS = {True: "met", False: "not met", None: "(no threshold)"}
+COLUMNS = {"scale": pl.String, "claim": pl.String, "target": pl.String, "check": pl.String, "paper": pl.String,
+           "threshold": pl.String, "ours": pl.String, "obtained": pl.String, "verdict": pl.String,
+           "met": pl.Boolean}
+
+
+def _run_note(table: pl.DataFrame, name: str) -> str:
+    first = table.row(0, named=True)
+    return f"{name} run {first['run_id']} ({first['timestamp'][:10]})"
+
+
+def _kernels(scale: str) -> list[Found]:
+    run = _latest_run("kernels", scale)
+    if run.height == 0:
+        return []
+    from grlib.experiments import kernels_stage
+
+    note = _run_note(run, "kernels")
+    return [Found(r["target"], r["check"], Figure.of(r["value"], registry.target(r["target"]).unit).short(),
+                  note, r["met"]) for r in kernels_stage.acceptance(run).iter_rows(named=True)]
+
+
+def _negatives(scale: str) -> list[Found]:
+    run = _latest_run("negatives", scale)
+    if run.height == 0:
+        return []
+    from grlib.config import load_ablation
+    from grlib.negatives import ablation
+
+    note = _run_note(run, "negatives")
+    return [Found(c["target"], f"{c['dataset']} · {c['check']}", c["figure"], f"{note}, row {c['row']}", c["met"])
+            for c in ablation.acceptance(run.to_dicts(), load_ablation("negatives"))]
+
+
+def _quality(scale: str) -> list[Found]:
     train = train_summary(scale)
-    if train.height:
-        for ds in train["dataset"].unique(maintain_order=True):
-            sub = train.filter(pl.col("dataset") == ds)
-            pop = sub.filter(pl.col("model") == "popularity")["ndcg@10"]
-            for r in sub.filter(pl.col("model") != "popularity").iter_rows(named=True):
-                if pop.len() and pop[0] > 0:
-                    ratio = r["ndcg@10"] / pop[0]
-                    rows.append({"claim": f"model quality ({ds})", "check": f"{r['model']} NDCG@10 >= 1.5x popularity",
-                                 "figure": f"{ratio:.2f}x ({r['ndcg@10']:.4f}, {r['seeds']} seeds)",
-                                 "paper": "(workbench target)", "met": ratio >= 1.5})
-    return pl.DataFrame(rows, schema={"claim": pl.String, "check": pl.String, "figure": pl.String,
-                                      "paper": pl.String, "met": pl.Boolean})
+    quality = registry.target("W1.quality")
+    found = []
+    for ds in train["dataset"].unique(maintain_order=True) if train.height else []:
+        sub = train.filter(pl.col("dataset") == ds)
+        pop = sub.filter(pl.col("model") == "popularity")["ndcg@10"]
+        for r in sub.filter(pl.col("model") != "popularity").iter_rows(named=True):
+            if pop.len() and pop[0] > 0:
+                ratio = r["ndcg@10"] / pop[0]
+                found.append(Found(quality.key, f"{ds} · {r['model']} {quality.threshold}",
+                                   f"{ratio:.2f}x ({r['ndcg@10']:.4f}, {r['seeds']} seeds)",
+                                   f"train table, popularity NDCG@10 {pop[0]:.4f}", quality.met(ratio)))
+    return found
+
+
+SHAPE = ["d_model", "n_layers", "n_heads", "batch", "max_len"]
+
+
+def _preset(scale: str) -> tuple | None:
+    """The model shape of the scale's preset in params.yaml (None for a scale it does not name)."""
+    if scale not in scale_names():
+        return None
+    cfg = load_config(scale)
+    return (cfg.model.d_model, cfg.model.n_layers, cfg.model.n_heads, cfg.train.batch_size, cfg.data.max_len)
+
+
+def _mfu(scale: str) -> list[Found]:
+    """C7's MFU from `bench train`: the newest row of the automatically chosen attention per model shape."""
+    table = results.read_table("bench_train", scale)
+    if table.height == 0:
+        return []
+    mfu, preset = registry.target("C7.mfu"), _preset(scale)
+    rows = results.latest(table.filter(pl.col("auto")), SHAPE).to_dicts()
+    rows.sort(key=lambda r: (tuple(r[k] for k in SHAPE) != preset, *(r[k] for k in SHAPE)))
+    found = []
+    for r in rows:
+        shape = tuple(r[k] for k in SHAPE)
+        ref = table.filter((pl.col("run_id") == r["run_id"]) & (pl.col("attention_impl") == "reference"))
+        how = (f"bench_train run {r['run_id']} ({r['timestamp'][:10]}): {r['attention_impl']} attention, "
+               f"{r['step_ms']:.1f} ms/step, peak {r['peak_flops'] / 1e9:.0f} GFLOP/s (fp32 GEMM, measured in the run)")
+        if ref.height:
+            how += f"; padded reference {Figure.of(ref['mfu'][0], mfu.unit).short()}"
+        found.append(Found(mfu.key, f"HSTU {r['n_layers']}x{r['n_heads']} d={r['d_model']} ({r['params'] / 1e6:.1f}M "
+                                    f"parameters), batch {r['batch']} x max_len {r['max_len']}"
+                                    f"{' (preset)' if shape == preset else ''}: {mfu.threshold}",
+                           Figure.of(r["mfu"], mfu.unit).short(), how, mfu.met(r["mfu"])))
+    return found
+
+
+READERS: dict[str, Callable[[str], list[Found]]] = {
+    "kernels": _kernels, "negatives": _negatives, "train": _quality, "bench_train": _mfu}
+
+
+def _claim_rows(scale: str, t: Target, found: list[Found]) -> list[dict]:
+    claim = registry.CLAIMS[t.claim]
+    base = {"scale": scale, "claim": f"{t.claim} {claim.title}", "target": t.key, "paper": t.paper_text,
+            "threshold": t.threshold}
+    if t.method.kind == "not measured yet" or not found:
+        reason = (t.method.how if t.method.kind == "not measured yet" else
+                  f"the newest {t.table} run at {scale} has no row for it" if results.parts(t.table, scale) else
+                  f"no {t.table} rows at {scale}")
+        check = f"{t.what}: {t.threshold}" if t.bounds else t.what
+        return [{**base, "check": check, "ours": "—", "obtained": f"not measured yet: {reason}",
+                 "verdict": "not measured yet", "met": None}]
+    return [{**base, "check": f.check, "ours": f.ours, "obtained": f"{t.method.kind}: {f.how}",
+             "verdict": VERDICTS[f.met], "met": f.met} for f in found]
+
+
+def claims(scale: str) -> pl.DataFrame:
+    """Every target of every claim at `scale`, in registry order: one row per result of its check
+    (paper figure, threshold, ours, how obtained, verdict), or one "not measured yet" row."""
+    measured = {t.table for t in registry.TARGETS.values() if t.method.kind != "not measured yet"}
+    unread = measured - set(READERS)
+    if unread:
+        raise ValueError(f"report: no reader for the claim tables {sorted(unread)}; readers: {sorted(READERS)}")
+    found: dict[str, list[Found]] = {key: [] for key in registry.TARGETS}
+    for name in sorted(measured):
+        for f in READERS[name](scale):
+            found[registry.target(f.target).key].append(f)
+    rows = [row for t in registry.TARGETS.values() for row in _claim_rows(scale, t, found[t.key])]
+    return pl.DataFrame(rows, schema=COLUMNS)
+
+
+def scales() -> list[str]:
+    """Every scale with rows in any result table: params.yaml's scales in their order, then others."""
+    found = {p.parent.name.removeprefix("scale=") for name in _table_names() for p in results.parts(name)}
+    order = [s for s in scale_names() if s in found]
+    return order + sorted(found - set(order))
+
+
+def _table_names() -> list[str]:
+    base = results.tables_dir()
+    return sorted(p.name for p in base.iterdir() if p.is_dir() and not p.name.startswith(".")) if base.is_dir() else []
+
+
+def claims_all() -> pl.DataFrame:
+    """`claims` of every scale in the tables, grouped by target (each target's scales side by side)."""
+    frames = [claims(s) for s in scales()]
+    if not frames:
+        return pl.DataFrame(schema=COLUMNS)
+    order = {key: i for i, key in enumerate(registry.TARGETS)}
+    table = pl.concat(frames).with_row_index("_i")
+    return (table.with_columns(pl.col("target").replace_strict(order, return_dtype=pl.Int64).alias("_t"))
+            .sort("_t", "_i").drop("_t", "_i"))
+
+
+SHOWN = {"claim": "claim", "check": "check", "paper": "paper", "ours": "ours", "obtained": "how obtained",
+         "verdict": "verdict"}
+
+
+def claims_markdown(table: pl.DataFrame, with_scale: bool) -> str:
+    cols = (["scale"] if with_scale else []) + list(SHOWN)
+    return to_markdown(table.select(cols).rename({k: v for k, v in SHOWN.items() if k != v}))
+
+
+def render_all() -> str:
+    """The claims of every scale in the tables as one markdown table (writes nothing)."""
+    return f"## Claims, every scale in the tables ({', '.join(scales()) or 'none'})\n\n" + \
+        claims_markdown(claims_all(), with_scale=True)
 
 
 def summary_path(scale: str) -> Path:
@@ -80,13 +230,14 @@ def summary_path(scale: str) -> Path:
 
 
 def run(scale: str) -> dict:
-    """Summary, claims and quality figure of `scale` from the result tables."""
+    """Claims, model-quality summary and quality figure of `scale`, written under that scale only."""
     md = summary_path(scale)
     summary = train_summary(scale)
     checks = claims(scale)
     figures = plots.save_chart(quality_chart(summary), "train_quality", scale) if summary.height else []
-    text = (f"# Summary ({scale})\n\n## Claims measured by the newest run of each stage\n\n"
-            f"{to_markdown(checks)}\n\n## Model quality (test, full ranking, mean over seeds)\n\n{to_markdown(summary)}\n")
+    text = (f"# Summary ({scale})\n\n## Claims: the paper's figures and ours (newest run of each stage)\n\n"
+            f"{claims_markdown(checks, with_scale=False)}\n\n"
+            f"## Model quality (test, full ranking, mean over seeds)\n\n{to_markdown(summary)}\n")
     io.atomic_write_text(md, text)
     return {"summary": summary, "claims": checks, "figures": figures, "markdown": md}
 

@@ -1,0 +1,219 @@
+"""The paper's claims as data: what TurboGR reports, the threshold of each verdict, and where ours comes from.
+
+    Claim    C1..C7 of the paper, and W1 (the workbench's own model-quality target)
+      └ Target   one figure of a claim ("C1.speedup"): the paper's number with its unit, the
+                 bounds the verdict checks, the result table and the function that compute ours,
+                 and how ours is obtained (measured | modelled, with its parameters | not measured yet)
+
+    key          paper            threshold (all bounds hold = met)                       obtained
+    C1.speedup   2.2x             speedup vs reference >= 2.2x                            measured (kernels)
+    C2.after     2.4%             imbalance <= 2.4%                                       not measured yet
+    C6.half      (in words)       memory vs fp32 <= 55%, NDCG@10 change < 1%              measured (negatives)
+
+The checks read their thresholds from here when they run (`target(key)`), never from a copy:
+kernels_stage.acceptance (C1), negatives.ablation.acceptance (C6), and the report (C7 MFU, W1).
+A percentage is written as the paper writes it (70 %) and compared as a fraction (0.70).
+"""
+from __future__ import annotations
+
+import operator
+from dataclasses import dataclass
+from typing import Literal
+
+Unit = Literal["x", "%", "ratio"]  # x: times (a speedup or a multiple); %: percent; ratio: a bare number
+Op = Literal[">=", "<=", ">", "<"]
+Obtained = Literal["measured", "modelled", "not measured yet"]
+_OPS = {">=": operator.ge, "<=": operator.le, ">": operator.gt, "<": operator.lt}
+
+
+@dataclass(frozen=True)
+class Figure:
+    """A number with its unit as written (70 %, 2.2 x, 0.97)."""
+    value: float
+    unit: Unit
+
+    @property
+    def number(self) -> float:
+        """The value to compute with: a percentage as a fraction (70 % -> 0.70)."""
+        return self.value / 100 if self.unit == "%" else self.value
+
+    @classmethod
+    def of(cls, number: float, unit: Unit) -> Figure:
+        """The figure of a computed number (0.973 in unit % -> 97.3 %)."""
+        return cls(number * 100 if unit == "%" else number, unit)
+
+    def short(self) -> str:
+        """Three significant digits: 116x, 97.3%, 0.97."""
+        return f"{self.value:.3g}{'' if self.unit == 'ratio' else self.unit}"
+
+    def __str__(self) -> str:
+        return f"{self.value:g}{'' if self.unit == 'ratio' else self.unit}"
+
+
+@dataclass(frozen=True)
+class Bound:
+    """One inequality of a verdict: `name op limit`, e.g. speedup vs reference >= 2.2x."""
+    name: str
+    op: Op
+    limit: Figure
+
+    def holds(self, number: float) -> bool:
+        """Whether a computed number (a fraction for a % limit) satisfies the bound; NaN never does."""
+        return bool(_OPS[self.op](number, self.limit.number))
+
+    def __str__(self) -> str:
+        return f"{self.name} {self.op} {self.limit}"
+
+
+@dataclass(frozen=True)
+class Method:
+    """How our figure is obtained. measured: what is timed or counted; modelled: the model and its
+    parameters; not measured yet: what the workbench lacks to measure it."""
+    kind: Obtained
+    how: str
+
+    def __str__(self) -> str:
+        return f"{self.kind}: {self.how}"
+
+
+@dataclass(frozen=True)
+class Claim:
+    id: str      # C1..C7, W1
+    title: str
+
+
+@dataclass(frozen=True)
+class Target:
+    """One figure of a claim and its verdict."""
+    key: str                      # "<claim id>.<name>"
+    what: str                     # the quantity, in words
+    paper: Figure | str | None    # the paper's figure; str: the paper states it in words; None: workbench target
+    bounds: tuple[Bound, ...]     # met when every bound holds; () = no verdict (a figure to report)
+    table: str | None             # the result table ours is read from (None: no table yet)
+    check: str | None             # the function that computes ours or its verdict (module.function)
+    method: Method
+
+    @property
+    def claim(self) -> str:
+        return self.key.split(".")[0]
+
+    @property
+    def unit(self) -> Unit:
+        """The unit ours is shown in: that of the first bound, else of the paper's figure."""
+        if self.bounds:
+            return self.bounds[0].limit.unit
+        return self.paper.unit if isinstance(self.paper, Figure) else "ratio"
+
+    @property
+    def threshold(self) -> str:
+        return ", ".join(str(b) for b in self.bounds) or "(no verdict)"
+
+    @property
+    def paper_text(self) -> str:
+        return "(workbench target)" if self.paper is None else str(self.paper)
+
+    def bound(self, name: str) -> Bound:
+        for b in self.bounds:
+            if b.name == name:
+                return b
+        raise KeyError(f"{self.key}: no bound {name!r}; bounds: {[b.name for b in self.bounds]}")
+
+    def met(self, number: float) -> bool:
+        """The verdict of a one-bound target on a computed number."""
+        if len(self.bounds) != 1:
+            raise ValueError(f"{self.key}: has {len(self.bounds)} bounds; check each with .bound(name)")
+        return self.bounds[0].holds(number)
+
+
+def index(items: tuple, key: str) -> dict:
+    """`items` by their attribute `key`; a key given twice is an error (a claim is registered once)."""
+    out: dict = {}
+    for item in items:
+        k = getattr(item, key)
+        if k in out:
+            raise ValueError(f"claims registry: {key} {k!r} registered twice")
+        out[k] = item
+    return out
+
+
+def _pct(v: float) -> Figure:
+    return Figure(v, "%")
+
+
+def _x(v: float) -> Figure:
+    return Figure(v, "x")
+
+
+ONE_PROCESS = "the workbench runs one process (no ranks, no all-to-all)"
+
+CLAIMS: dict[str, Claim] = index((
+    Claim("C1", "fused jagged operators remove padding"),
+    Claim("C2", "dynamic load balancing across devices"),
+    Claim("C3", "hierarchical sparse parallelism"),
+    Claim("C4", "semi-asynchronous training"),
+    Claim("C5", "fine-grained pipeline orchestration"),
+    Claim("C6", "negative sampling (async offload, FP16, logit sharing)"),
+    Claim("C7", "end to end: MFU and scaling"),
+    Claim("W1", "model quality (workbench target)"),
+), "id")
+
+TARGETS: dict[str, Target] = index((
+    Target("C1.speedup", "fwd+bwd latency, jagged vs padded attention", _x(2.2),
+           (Bound("speedup vs reference", ">=", _x(2.2)),), "kernels", "grlib.experiments.kernels_stage.acceptance",
+           Method("measured", "median fwd+bwd time of the compiled cpu kernel and the padded reference on the "
+                              "same batch (scaled lengths, max_len 1024)")),
+    Target("C1.memory", "peak memory, jagged vs padded attention", _pct(70),
+           (Bound("peak-memory reduction vs reference", ">=", _pct(70)),), "kernels",
+           "grlib.experiments.kernels_stage.acceptance",
+           Method("measured", "peak memory of fwd+bwd, same batch as C1.speedup")),
+    Target("C1.vs_fbgemm", "fwd+bwd latency, compiled cpu kernel vs fbgemm's jagged attention", None,
+           (Bound("fbgemm time / cpu time", ">", _x(1)),), "kernels", "grlib.experiments.kernels_stage.acceptance",
+           Method("measured", "median fwd+bwd time, every regime and max_len of the kernels grid")),
+    Target("C2.before", "per-rank load imbalance (max - min) / max, random split", _pct(47), (), None, None,
+           Method("not measured yet", ONE_PROCESS)),
+    Target("C2.after", "per-rank load imbalance (max - min) / max, dynamic balancing", _pct(2.4),
+           (Bound("imbalance", "<=", _pct(2.4)),), None, None, Method("not measured yet", ONE_PROCESS)),
+    Target("C3.all_to_all", "all-to-all latency, hierarchical vs flat (change)", _pct(-75.9),
+           (Bound("latency change", "<=", _pct(-75.9)),), None, None, Method("not measured yet", ONE_PROCESS)),
+    Target("C4.convergence", "convergence of semi-asynchronous vs synchronous training",
+           "converges (proof in the paper), faster steps", (), None, None,
+           Method("not measured yet", "the trainer has only the synchronous schedule")),
+    Target("C5.utilisation", "accelerator utilisation with pipelined stages", _pct(94),
+           (Bound("utilisation", ">=", _pct(94)),), None, None,
+           Method("not measured yet", "no pipeline schedule and no per-stage timing spans")),
+    Target("C6.sharing", "negatives per token and step time, shared pool vs per-token negatives",
+           "larger effective negative set, no extra embedding lookups",
+           (Bound("negatives vs per-token", ">=", _x(8)), Bound("step time vs per-token", "<=", _x(1.2))),
+           "negatives", "grlib.negatives.ablation.acceptance",
+           Method("measured", "the smallest shared pool with enough negatives; median step time of the same "
+                              "batches in interleaved rounds, vs the per-token baseline of the same run")),
+    Target("C6.half", "negative-path memory and quality, half vs fp32 logits", "jaggedness-aware FP16 (no figure)",
+           (Bound("memory vs fp32", "<=", _pct(55)), Bound("NDCG@10 change", "<", _pct(1))),
+           "negatives", "grlib.negatives.ablation.acceptance",
+           Method("measured", "peak memory of sampling + loss + backward; test NDCG@10 after the same budget")),
+    Target("C6.async", "step time, sampling in a worker vs samples made beforehand", "async offload (no figure)",
+           (Bound("step time vs pre-sampled", "<=", _x(1.05)),), "negatives", "grlib.negatives.ablation.acceptance",
+           Method("measured", "median step time, same batches, interleaved rounds")),
+    Target("C7.mfu", "model FLOPs utilisation of a training step", _pct(54.71),
+           (Bound("MFU", ">=", _pct(54.71)),), "bench_train", "grlib.bench.train.run",
+           Method("measured", "useful HSTU FLOPs (real lengths) per second of whole training steps / the fp32 "
+                              "GEMM peak measured in the same run")),
+    Target("C7.scaling", "throughput scaling efficiency over devices", Figure(0.97, "ratio"),
+           (Bound("scaling efficiency", ">=", Figure(0.97, "ratio")),), None, None,
+           Method("not measured yet", ONE_PROCESS)),
+    Target("W1.quality", "test NDCG@10 (full ranking, mean over seeds) vs the popularity baseline", None,
+           (Bound("NDCG@10 vs popularity", ">=", _x(1.5)),), "train", "grlib.experiments.report.train_summary",
+           Method("measured", "train stage, newest row per (dataset, model, seed)")),
+), "key")
+
+
+def target(key: str) -> Target:
+    """The registry's target `key` (read at call time: a changed registry changes every verdict)."""
+    try:
+        return TARGETS[key]
+    except KeyError:
+        raise KeyError(f"unknown claim target {key!r}; known: {', '.join(TARGETS)}") from None
+
+
+def targets_of(claim: str) -> list[Target]:
+    return [t for t in TARGETS.values() if t.claim == claim]

@@ -1,0 +1,211 @@
+"""The claims registry (grlib.experiments.claims) and the report over it: every claim at every
+scale in the tables, and every verdict's threshold read from the registry."""
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import math
+
+import polars as pl
+import pytest
+
+from grlib import results
+from grlib.config import NegativesAblation, load_ablation, load_config
+from grlib.experiments import claims, kernels_stage, report
+from grlib.experiments.claims import Bound, Figure
+from grlib.negatives import ablation
+from grlib.negatives.ablation import Variant
+
+PAPER = {"C1.speedup": Figure(2.2, "x"), "C1.memory": Figure(70, "%"), "C2.before": Figure(47, "%"),
+         "C2.after": Figure(2.4, "%"), "C3.all_to_all": Figure(-75.9, "%"), "C5.utilisation": Figure(94, "%"),
+         "C7.mfu": Figure(54.71, "%"), "C7.scaling": Figure(0.97, "ratio")}  # the paper's figures (DESIGN table)
+NOT_YET = ("C2", "C3", "C4", "C5")
+
+
+def test_registry_covers_c1_to_c7_once_with_units():
+    ids = list(claims.CLAIMS)
+    assert [i for i in ids if i.startswith("C")] == [f"C{i}" for i in range(1, 8)]
+    assert all(i.startswith("W") for i in ids if not i.startswith("C"))  # the workbench's own targets
+    with pytest.raises(ValueError, match="'C1' registered twice"):
+        claims.index((claims.CLAIMS["C1"], claims.CLAIMS["C1"]), "id")
+    for cid in ids:
+        assert claims.targets_of(cid), f"{cid} has no target"
+    assert {t.claim for t in claims.TARGETS.values()} == set(ids)
+    assert {k: t.paper for k, t in claims.TARGETS.items() if isinstance(t.paper, Figure)} == PAPER
+    for t in claims.TARGETS.values():
+        assert t.paper is None or isinstance(t.paper, (Figure, str))
+        for b in t.bounds:
+            assert b.limit.unit in ("x", "%", "ratio") and b.op in (">=", "<=", ">", "<")
+        if t.method.kind == "not measured yet":
+            assert t.table is None and t.check is None
+        else:  # a table and an importable function compute ours
+            module, _, name = t.check.rpartition(".")
+            assert t.table and callable(getattr(importlib.import_module(module), name))
+    assert all(t.method.kind == "not measured yet" for c in NOT_YET for t in claims.targets_of(c))
+    assert {t.method.kind for t in claims.targets_of("C7")} == {"measured", "not measured yet"}  # MFU, scaling
+
+
+def test_figures_and_bounds_compare_percent_as_fractions():
+    assert (Figure(70, "%").number, str(Figure(70, "%")), Figure.of(0.973, "%").short()) == (0.7, "70%", "97.3%")
+    assert str(Figure(2.2, "x")) == "2.2x" and Figure.of(116.3, "x").short() == "116x"
+    assert str(Figure(0.97, "ratio")) == "0.97" and str(Figure(-75.9, "%")) == "-75.9%"
+    b = Bound("memory", "<=", Figure(55, "%"))
+    assert b.holds(0.55) and not b.holds(0.56) and not b.holds(math.nan) and str(b) == "memory <= 55%"
+    assert claims.target("C1.speedup").met(2.2) and not claims.target("C1.speedup").met(2.19)
+    with pytest.raises(ValueError, match="2 bounds"):
+        claims.target("C6.half").met(0.5)
+    with pytest.raises(KeyError, match="unknown claim target 'C9.x'"):
+        claims.target("C9.x")
+
+
+# ---------------------------------------------------------------------------------------------
+# synthetic result rows
+
+def _kernel_rows(speedup: float, mem_reduction: float) -> list[dict]:
+    base = {"op": "hstu_attention", "whole_batch": False, "regime": "scaled", "max_len": 1024, "batch": 8,
+            "tokens": 100, "fill": 0.1, "fwd_ms": 1.0, "peak_mem_mb": 1.0, "gflops": 1.0, "frac_of_peak": 0.1}
+    return [dict(base, impl="reference", fwd_bwd_ms=10.0, speedup_vs_reference=1.0, mem_reduction_vs_reference=0.0),
+            dict(base, impl="cpu", fwd_bwd_ms=10.0 / speedup, speedup_vs_reference=speedup,
+                 mem_reduction_vs_reference=mem_reduction),
+            dict(base, impl="fbgemm", fwd_bwd_ms=12.0, speedup_vs_reference=10 / 12, mem_reduction_vs_reference=0.1)]
+
+
+def _neg(variant: Variant, step_ms: float, mb: float, ndcg: float, negatives_ratio: float = 1.0) -> dict:
+    return {"dataset": "synthetic", "variant": variant.name, "sharing": variant.sharing,
+            "n_negatives": variant.n_negatives, "precision": variant.precision, "sampling": variant.sampling,
+            "sampler": variant.sampler, "baseline": variant.baseline, "quality_seeds": "0", "step_ms": step_ms,
+            "neg_path_mb": mb, "ndcg@10": ndcg, "step_ratio": step_ms / 100, "negatives_ratio": negatives_ratio}
+
+
+def _negative_rows(ab: NegativesAblation) -> list[dict]:
+    R, S, A, smp = ab.baseline_negatives, ab.precision_shared_size, ab.async_shared_size, ab.async_sampler
+    rows = [_neg(Variant("per-token", R, baseline=True), 100, 80, 0.1),
+            _neg(Variant("shared", 512), 90, 10, 0.1, negatives_ratio=4.0),
+            _neg(Variant("shared", S), 110, 12, 0.1, negatives_ratio=16.0),
+            _neg(Variant("per-token", R, ab.half_formats[0]), 95, 43, 0.1005),
+            _neg(Variant("shared", S, ab.half_formats[0]), 100, 6, 0.1)]
+    for sharing, r in (("per-token", R), ("shared", A)):
+        rows += [_neg(Variant(sharing, r, sampler=smp, sampling=m), ms, 80, math.nan)
+                 for m, ms in (("sync", 104), ("presampled", 100), ("async", 103))]
+    return rows
+
+
+def _bench_train_rows(layers: int, mfu: float) -> list[dict]:
+    shape = {"d_model": 256, "n_layers": layers, "n_heads": 2, "batch": 64, "max_len": 128, "params": 2_014_848,
+             "peak_flops": 3.6e11}
+    return [dict(shape, attention_impl="reference", auto=False, step_ms=400.0, mfu=0.189),
+            dict(shape, attention_impl="cpu", auto=True, step_ms=250.0, mfu=mfu)]
+
+
+def _train_rows(hstu: float, pop: float) -> list[dict]:
+    row = {"dataset": "synthetic", "test_hr@10": 0.3, "test_mrr": 0.1, "params": 10, "tokens_per_s": 1.0}
+    return [dict(row, model=m, seed=s, **{"test_ndcg@10": v}) for m, v in (("hstu", hstu), ("popularity", pop))
+            for s in (0, 1)]
+
+
+# ---------------------------------------------------------------------------------------------
+# the report over two scales
+
+
+def test_report_shows_every_claim_at_every_scale(isolated_outputs):
+    smoke, laptop = load_config("smoke"), load_config("laptop")
+    results.append_rows("kernels", _kernel_rows(3.0, 0.9), smoke)
+    results.append_rows("negatives", _negative_rows(load_ablation("negatives")), smoke)
+    results.append_rows("train", _train_rows(0.2, 0.1), smoke)
+    results.append_rows("bench_train", _bench_train_rows(2, 0.333), laptop)
+    results.append_rows("bench_train", _bench_train_rows(1, 0.258), laptop)
+    assert report.scales() == ["smoke", "laptop"]
+
+    table = report.claims_all()
+    for scale in ("smoke", "laptop"):
+        at = table.filter(pl.col("scale") == scale)
+        assert set(at["target"]) == set(claims.TARGETS)  # none silently absent
+        not_yet = at.filter(pl.col("claim").str.slice(0, 2).is_in(NOT_YET))
+        assert not_yet.height == sum(len(claims.targets_of(c)) for c in NOT_YET)
+        assert set(not_yet["verdict"]) == {"not measured yet"} and not_yet["met"].is_null().all()
+        scaling = at.filter(pl.col("target") == "C7.scaling").row(0, named=True)
+        assert (scaling["paper"], scaling["verdict"]) == ("0.97", "not measured yet")
+    assert table["target"].to_list()[:2] == ["C1.speedup", "C1.speedup"]  # grouped by target, scales side by side
+
+    smoke_rows = table.filter(pl.col("scale") == "smoke")
+    speed = smoke_rows.filter(pl.col("target") == "C1.speedup").row(0, named=True)
+    assert (speed["paper"], speed["ours"], speed["verdict"]) == ("2.2x", "3x", "met")
+    assert speed["obtained"].startswith("measured: kernels run ")
+    assert smoke_rows.filter(pl.col("target") == "C1.vs_fbgemm")["ours"].to_list() == ["3.6x"]
+    c6 = {r["target"]: r for r in smoke_rows.filter(pl.col("claim").str.starts_with("C6")).iter_rows(named=True)}
+    assert c6["C6.sharing"]["ours"] == "16.0x negatives, 1.10x step" and c6["C6.sharing"]["verdict"] == "met"
+    assert smoke_rows.filter(pl.col("target") == "W1.quality")["ours"].to_list() == ["2.00x (0.2000, 2 seeds)"]
+    no_mfu = smoke_rows.filter(pl.col("target") == "C7.mfu").row(0, named=True)
+    assert no_mfu["verdict"] == "not measured yet" and "no bench_train rows at smoke" in no_mfu["obtained"]
+
+    lap = table.filter(pl.col("scale") == "laptop")
+    assert lap.filter(pl.col("target") == "C1.speedup")["obtained"].to_list() == [
+        "not measured yet: no kernels rows at laptop"]
+    mfu = lap.filter(pl.col("target") == "C7.mfu")
+    assert mfu["ours"].to_list() == ["33.3%", "25.8%"]  # the laptop preset (2 layers) first
+    assert mfu["verdict"].to_list() == ["not met", "not met"] and set(mfu["paper"]) == {"54.71%"}
+    assert "(preset)" in mfu["check"][0] and "(preset)" not in mfu["check"][1]
+    assert "250.0 ms/step, peak 360 GFLOP/s" in mfu["obtained"][0] and "padded reference 18.9%" in mfu["obtained"][0]
+
+    md = report.render_all()
+    assert "| scale | claim |" in md and "| laptop | C7 end to end" in md and "| smoke | C2 " in md
+
+    laptop_md = report.summary_path("laptop")
+    laptop_md.parent.mkdir(parents=True, exist_ok=True)
+    laptop_md.write_text("# Summary (laptop)\n")
+    out = report.run("smoke")
+    text = out["markdown"].read_text()
+    assert out["markdown"] == report.summary_path("smoke") and laptop_md.read_text() == "# Summary (laptop)\n"
+    for t in claims.TARGETS.values():  # every claim in the scale's summary, with its paper figure
+        assert f"| {t.claim} {claims.CLAIMS[t.claim].title} |" in text and f"| {t.paper_text} |" in text
+    assert text.count("| not measured yet |") >= len(NOT_YET) + 2  # + C7 scaling, C7 MFU (no smoke rows)
+
+
+# ---------------------------------------------------------------------------------------------
+# the thresholds of kernels_stage, the negatives ablation and the report come from the registry
+
+
+def _with_bound(monkeypatch, key: str, name: str, limit: Figure) -> None:
+    t = claims.target(key)
+    bounds = tuple(dataclasses.replace(b, limit=limit) if b.name == name else b for b in t.bounds)
+    monkeypatch.setitem(claims.TARGETS, key, dataclasses.replace(t, bounds=bounds))
+
+
+def test_kernels_acceptance_reads_the_registry(monkeypatch):
+    df = pl.DataFrame(_kernel_rows(3.0, 0.72))
+    met = lambda: dict(zip(kernels_stage.acceptance(df)["target"], kernels_stage.acceptance(df)["met"]))  # noqa: E731
+    assert met() == {"C1.speedup": True, "C1.memory": True, "C1.vs_fbgemm": True}
+    _with_bound(monkeypatch, "C1.speedup", "speedup vs reference", Figure(3.5, "x"))
+    _with_bound(monkeypatch, "C1.memory", "peak-memory reduction vs reference", Figure(75, "%"))
+    _with_bound(monkeypatch, "C1.vs_fbgemm", "fbgemm time / cpu time", Figure(4, "x"))
+    assert met() == {"C1.speedup": False, "C1.memory": False, "C1.vs_fbgemm": False}
+    assert "speedup vs reference >= 3.5x" in kernels_stage.acceptance(df)["check"][0]
+
+
+def test_negatives_acceptance_reads_the_registry(monkeypatch):
+    ab = load_ablation("negatives")
+    rows = _negative_rows(ab)
+    verdicts = lambda: {(c["target"], c["row"]): c["met"] for c in ablation.acceptance(rows, ab)}  # noqa: E731
+    S, smp = ab.precision_shared_size, ab.async_sampler
+    half = Variant("per-token", ab.baseline_negatives, ab.half_formats[0]).name
+    before = verdicts()
+    assert before[("C6.sharing", f"shared R={S} fp32 sync")] and before[("C6.half", half)]
+    assert before[("C6.async", f"per-token R={ab.baseline_negatives} fp32 async {smp}")]
+    _with_bound(monkeypatch, "C6.sharing", "negatives vs per-token", Figure(4, "x"))  # now the 512 pool qualifies
+    _with_bound(monkeypatch, "C6.half", "memory vs fp32", Figure(50, "%"))  # 43 / 80 = 53.75%
+    _with_bound(monkeypatch, "C6.async", "step time vs pre-sampled", Figure(1.02, "x"))  # 103 / 100
+    after = verdicts()
+    assert after[("C6.sharing", "shared R=512 fp32 sync")] and ("C6.sharing", f"shared R={S} fp32 sync") not in after
+    assert not after[("C6.half", half)]
+    assert not after[("C6.async", f"per-token R={ab.baseline_negatives} fp32 async {smp}")]
+
+
+def test_report_verdicts_read_the_registry(isolated_outputs, monkeypatch):
+    cfg = load_config("smoke")
+    results.append_rows("train", _train_rows(0.2, 0.1), cfg)
+    results.append_rows("bench_train", _bench_train_rows(2, 0.333), cfg)
+    verdict = lambda key: report.claims("smoke").filter(pl.col("target") == key)["met"].to_list()  # noqa: E731
+    assert verdict("W1.quality") == [True] and verdict("C7.mfu") == [False]
+    _with_bound(monkeypatch, "W1.quality", "NDCG@10 vs popularity", Figure(2.5, "x"))
+    _with_bound(monkeypatch, "C7.mfu", "MFU", Figure(30, "%"))
+    assert verdict("W1.quality") == [False] and verdict("C7.mfu") == [True]
