@@ -19,7 +19,7 @@ import torch
 
 from grlib import ops, perf, results
 from grlib.bench.common import median_ms, print_table, set_threads
-from grlib.config import load_config
+from grlib.config import load_config, parse_overrides
 from grlib.experiments.train_stage import load_dataset
 from grlib.model import build_model, parameter_count
 from grlib.negatives import build_negative_path
@@ -88,8 +88,6 @@ def _gemm_share(T: int, d: int, peak: float) -> float:
 
 def run(args: argparse.Namespace) -> list[dict]:
     set_threads(args.threads)
-    from grlib.train.cli import parse_overrides
-
     cfg = load_config(args.scale or "laptop", {**parse_overrides(args.override), "model.name": "hstu"})
     impls = ops.runnable("hstu_attention", "cpu") if args.impls == "all" else tuple(args.impls.split(","))
     auto = ops.choose("hstu_attention", "cpu", "auto")

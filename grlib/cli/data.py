@@ -50,7 +50,7 @@ def _prepare(args: argparse.Namespace) -> int:
     return 0
 
 
-def add_data_parser(sub: argparse._SubParsersAction) -> None:
+def add_parser(sub: argparse._SubParsersAction) -> None:
     data = sub.add_parser("data", help="download real datasets, prepare sequences")
     cmds = data.add_subparsers(dest="data_command", required=True)
 

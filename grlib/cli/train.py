@@ -23,7 +23,7 @@ from grlib.config import parse_overrides
 KEYS = ("ndcg@10", "hr@10", "mrr", "params", "tokens_per_s", "mfu")
 
 
-def add_train_parser(sub: argparse._SubParsersAction) -> None:
+def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("train", help="train and evaluate one model (full ranking); print and save metrics")
     p.add_argument("--scale", default=None, help="named scale from params.yaml (default: params.yaml's scale)")
     p.add_argument("--dataset", default="scale",
