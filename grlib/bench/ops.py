@@ -10,7 +10,8 @@ import argparse
 import torch
 
 from grlib import ops, results
-from grlib.bench.common import kuairand_lengths, median_ms, print_table
+from grlib.bench.common import print_table
+from grlib.experiments.measure import kuairand_lengths, median_ms
 from grlib.config import load_config
 
 
