@@ -3,7 +3,8 @@
 Runs the `ablations.negatives` grid of params.yaml (flags override single fields) on the scale's
 synthetic twin and MovieLens-100K: step ms, negative-path memory, negatives per token, embedding
 rows per step and NDCG@10 after a fixed budget, with ratios against the per-token baseline
-measured in the same run (grlib.negatives.ablation). Rows go to results/tables/bench_negatives.parquet.
+measured in the same run (the negatives stage's method: grlib.experiments.negatives_stage). Rows go
+to results/tables/bench_negatives.parquet.
 """
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ import torch
 from grlib import results
 from grlib.bench.common import print_table, set_threads
 from grlib.config import load_ablation, load_config
-from grlib.negatives import ablation
+from grlib.experiments import negatives_stage
 
 COLUMNS = {  # printed name: row key
     "dataset": "dataset", "variant": "variant", "step_ms": "step_ms", "step_x": "step_ratio",
@@ -48,7 +49,7 @@ def run(args: argparse.Namespace) -> list[dict]:
     set_threads(args.threads)
     cfg = load_config(args.scale or "smoke")
     ab = load_ablation("negatives", grid_overrides(args))
-    rows, notes = ablation.run(cfg, ab)
+    rows, notes = negatives_stage.measure(cfg, ab)
     for note in notes:
         print(f"note: {note}")
     if not rows:
@@ -59,6 +60,6 @@ def run(args: argparse.Namespace) -> list[dict]:
                 f"bench negatives: scale {cfg.scale}, model {cfg.model.name} {cfg.model.n_layers}x{cfg.model.n_heads} "
                 f"d={cfg.model.d_model}, batch {cfg.train.batch_size} x max_len {cfg.data.max_len}, "
                 f"{torch.get_num_threads()} threads; ratios vs the per-token R={ab.baseline_negatives} FP32 baseline")
-    print_table(ablation.acceptance(rows, ab), "acceptance (issue 5)")
+    print_table(negatives_stage.acceptance(rows, ab), "acceptance (issue 5)")
     results.append_rows("bench_negatives", rows, cfg)
     return rows

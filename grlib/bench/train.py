@@ -20,8 +20,8 @@ import torch
 from grlib import ops, perf, results
 from grlib.bench.common import print_table, set_threads
 from grlib.config import load_config, parse_overrides
+from grlib.data.catalog import load_dataset
 from grlib.experiments.measure import median_ms
-from grlib.experiments.train_stage import load_dataset
 from grlib.model import build_model, parameter_count
 from grlib.negatives import build_negative_path
 from grlib.train.loop import PHASES

@@ -38,7 +38,7 @@ def _download(args: argparse.Namespace) -> int:
 
 def _prepare(args: argparse.Namespace) -> int:
     from grlib.config import load_config
-    from grlib.experiments.data_stage import prepare_to
+    from grlib.data.catalog import prepare_to
 
     keys = ("max_len", "min_item_count", "target", "context", "bucket_rows", "n_users", "length_factor",
             "n_items", "seed")

@@ -47,8 +47,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 def run_cli(args: argparse.Namespace) -> int:
     from grlib import perf, results
     from grlib.config import load_config
+    from grlib.data.catalog import load_dataset
     from grlib.evaluate import evaluate, last_token_scores, popularity_scores
-    from grlib.experiments.train_stage import load_dataset
     from grlib.model import build_model, parameter_count
     from grlib.results import atomic_write_bytes
     from grlib.train import train
