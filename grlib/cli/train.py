@@ -4,6 +4,8 @@
     python -m grlib train --scale laptop --model sasrec --seed 1 --checkpoint-dir ckpt --checkpoint-every 50
     python -m grlib train --params-only            # parameters of every scale's HSTU (paper: ~0.2B dense)
 
+The data comes from the dataset catalogue (grlib.data.catalog): with data.* overrides (e.g.
+-o data.max_len=64) it is prepared once into a folder of its own; the scale's stays as it is.
 JSON keys: ndcg@10, hr@10, mrr (test), params, tokens_per_s, mfu, plus every val_/test_ metric.
 The row is also appended to table train_runs: under results/adhoc/tables/ unless --record
 (then results/tables/). With --checkpoint-dir a run resumes
