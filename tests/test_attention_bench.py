@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from grlib.bench import kernels as bench
+from grlib.experiments import kernels_stage
 from grlib.config import ConfigError, KernelsConfig, load_ablation, load_config
 
 ISSUE_KEYS = {"impl", "regime", "max_len", "fwd_ms", "fwd_bwd_ms", "peak_mem_mb", "gflops",
@@ -21,7 +21,7 @@ def test_batch_sizes_keep_the_padded_work_constant():
 
 def test_plan_covers_every_impl_regime_and_length_then_the_whole_batch():
     kc = KernelsConfig(max_lens=[64, 128], pair_budget=2**14, whole_batch=5)
-    specs = bench.plan(kc, load_ablation("kernels"))
+    specs = kernels_stage.plan(kc, load_ablation("kernels"))
     assert len(specs) == 2 * 2 * 3 + 1 + 2
     assert specs[-3] == {"op": "hstu_attention", "impl": "cpu", "regime": "truncated", "max_len": 128, "batch": 5,
                          "whole_batch": True, "repeats": 0}
@@ -36,7 +36,7 @@ def test_ratios_are_against_the_reference_of_the_same_regime_and_length():
                                  ("reference", "truncated", 20.0, 200.0), ("cpu", "truncated", 5.0, 100.0)]]
     rows.append(dict(op="hstu_attention", impl="cpu", regime="scaled", max_len=64, batch=40, whole_batch=True,
                      fwd_bwd_ms=1.0, peak_mem_mb=50.0))
-    bench._add_ratios(rows)
+    kernels_stage._add_ratios(rows)
     assert [r["speedup_vs_reference"] for r in rows[:4]] == [1.0, 5.0, 1.0, 4.0]
     assert [r["mem_reduction_vs_reference"] for r in rows[:4]] == [0.0, 0.9, 0.0, 0.5]
     assert math.isnan(rows[4]["speedup_vs_reference"]) and rows[4]["reference_estimate_mb"] == 1000.0
@@ -46,8 +46,8 @@ def test_ratios_are_against_the_reference_of_the_same_regime_and_length():
 def test_one_child_measurement_in_process(op):
     spec = dict(op=op, impl="cpu", regime="scaled", max_len=64, batch=6, whole_batch=False, heads=2, head_dim=8,
                 dtype="float32", repeats=2, row_seconds=5.0, threads=1, seed=0)
-    row = bench.child(spec)
-    assert row["tokens"] == int(bench.make_inputs(6, 64, "scaled", 2, 8, bench.DTYPES["float32"], 0)["lengths"].sum())
+    row = kernels_stage.child(spec)
+    assert row["tokens"] == int(kernels_stage.make_inputs(6, 64, "scaled", 2, 8, kernels_stage.DTYPES["float32"], 0)["lengths"].sum())
     assert row["fwd_ms"] > 0 and row["fwd_bwd_ms"] > 0 and row["peak_mem_mb"] >= 0 and row["op"] == op
     assert row["gflops"] > 0 if op == "hstu_attention" else math.isnan(row["gflops"])
     assert 1 <= row["repeats"] <= 2
@@ -56,10 +56,10 @@ def test_one_child_measurement_in_process(op):
 def test_cli_writes_the_issue_keys(tmp_path, monkeypatch, isolated_outputs):
     from grlib.cli import main
 
-    monkeypatch.setattr(bench, "run_child", bench.child)  # in-process: the subprocess runs in the notebook
-    monkeypatch.setattr(bench, "matmul_peak_gflops", lambda dtype, threads=None: 100.0)
+    monkeypatch.setattr(kernels_stage, "run_child", kernels_stage.child)  # in-process: the subprocess runs in the notebook
+    monkeypatch.setattr(kernels_stage, "matmul_peak_gflops", lambda dtype, threads=None: 100.0)
     out = tmp_path / "rows.json"
-    assert main(["bench", "kernels", "--max-len", "32", "--regime", "scaled", "--impls", "reference", "cpu",
+    assert main(["bench", "kernels", "--scale", "smoke", "--max-len", "32", "--regime", "scaled", "--impls", "reference", "cpu",
                  "--whole-batch", "0", "--repeats", "1", "--json", str(out)]) == 0
     rows = json.loads(out.read_text())
     assert [r["impl"] for r in rows] == ["reference", "cpu"]

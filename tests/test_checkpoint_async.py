@@ -21,7 +21,7 @@ import pytest
 import torch
 
 from grlib.config import load_config
-from grlib.experiments import train_stage
+from grlib.data.catalog import load_dataset
 from grlib.model import build_model
 from grlib.negatives import build_negative_path
 from grlib.train import checkpoint, train
@@ -39,7 +39,7 @@ def paper_small(tmp_path_factory):
         mp.setenv("GRLIB_DATA_DIR", str(data_dir))
         cfg = load_config("paper", SHRINK)
         assert (cfg.negatives.async_sampling, cfg.negatives.sampler) == (True, "uniform")  # the paper's path
-        yield cfg, train_stage.load_dataset(cfg), data_dir
+        yield cfg, load_dataset(cfg), data_dir
 
 
 def _fresh(cfg, ds):

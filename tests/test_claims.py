@@ -13,8 +13,8 @@ from grlib import results
 from grlib.config import NegativesAblation, load_ablation, load_config
 from grlib.experiments import claims, kernels_stage, report
 from grlib.experiments.claims import Bound, Figure
-from grlib.negatives import ablation
-from grlib.negatives.ablation import Variant
+from grlib.experiments import negatives_stage as ablation
+from grlib.experiments.negatives_stage import Variant
 
 PAPER = {"C1.speedup": Figure(2.2, "x"), "C1.memory": Figure(70, "%"), "C2.before": Figure(47, "%"),
          "C2.after": Figure(2.4, "%"), "C3.all_to_all": Figure(-75.9, "%"), "C5.utilisation": Figure(94, "%"),

@@ -88,8 +88,6 @@ def test_cli_config_takes_overrides():
 
 # Commands that run at a scale and should take --scale (default: params.yaml's) and -o KEY=VALUE,
 # but do not yet (their parsers live outside grlib.config): strict, so a fixed one must leave the list.
-LACKS_SCALE_OR_OVERRIDES = {"notebook", "bench ops", "bench train", "bench data", "bench kernels",
-                            "bench negatives", "data prepare"}
 NO_SCALE = {"data download"}  # fetches an archive: no config involved
 
 
@@ -123,16 +121,12 @@ def _takes_scale_and_overrides(parser) -> list[str]:
 
 
 def test_the_command_list_is_known():
-    assert LACKS_SCALE_OR_OVERRIDES | NO_SCALE <= set(_commands())
+    assert NO_SCALE <= set(_commands())
 
 
 @pytest.mark.parametrize("command", sorted(set(_commands()) - NO_SCALE))
 def test_every_command_takes_scale_and_overrides(command):
-    problems = _takes_scale_and_overrides(_commands()[command])
-    if command in LACKS_SCALE_OR_OVERRIDES:
-        assert problems, f"{command} now takes --scale and -o: remove it from LACKS_SCALE_OR_OVERRIDES"
-        pytest.xfail(f"{command} lacks: {'; '.join(problems)}")
-    assert problems == [], command
+    assert _takes_scale_and_overrides(_commands()[command]) == [], command
 
 
 def test_the_options_give_the_config():
@@ -152,7 +146,7 @@ def test_the_options_give_the_config():
 def test_choice_lists_agree_with_what_implements_them():
     """Each choice list of grlib.config.choices against the registry or table that implements it, and
     the command-line choices that repeat one (until they import it)."""
-    from grlib.bench.kernels import DTYPES as KERNEL_DTYPES
+    from grlib.experiments.kernels_stage import DTYPES as KERNEL_DTYPES
     from grlib.config import choices
     from grlib.data.registry import DATASETS
     from grlib.negatives.samplers import build_sampler

@@ -33,7 +33,7 @@ def test_prepare_reports_bad_config_and_bad_data(tmp_path, capsys):
 def test_bench_data_writes_rows_per_s_and_peak_rss(tmp_path, isolated_outputs):
     path = tmp_path / "bench.json"
     # one size, two child processes (each imports torch through grlib: a few seconds)
-    assert main(["bench", "data", "--rows", "30000", "--n-items", "2000", "--length-factor", "0.05",
+    assert main(["bench", "data", "--scale", "smoke", "--rows", "30000", "--n-items", "2000", "--length-factor", "0.05",
                  "--max-len", "64", "--bucket-rows", "5000", "--json", str(path), "--workdir", str(tmp_path)]) == 0
     rows = json.loads(path.read_text())
     assert [r["method"] for r in rows] == ["streaming", "in-memory", "streaming, extrapolated to KuaiRand-27K"]

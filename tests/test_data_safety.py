@@ -15,10 +15,9 @@ import pytest
 from grlib import io
 from grlib.cli import main
 from grlib.config import load_config
-from grlib.data import preprocess
+from grlib.data import catalog, preprocess
 from grlib.data.preprocess import PREPARED_FILES, prepare_logs
 from grlib.data.synthetic import generate_log
-from grlib.experiments import data_stage
 
 SMALL = ["--n-users", "20", "--max-len", "8", "--bucket-rows", "2000"]
 
@@ -136,21 +135,21 @@ def test_prepared_files_and_folders_honour_the_umask(tmp_path, mask, file_mode, 
     assert modes == {name: file_mode for name in [io.MARKER, *PREPARED_FILES]}
 
 
-def test_the_data_stage_folder_goes_through_the_same_check(isolated_outputs):
+def test_the_catalogue_folder_goes_through_the_same_check(isolated_outputs):
     cfg = load_config("smoke", {"data.n_users": 20, "data.max_len": 8})
-    processed = data_stage.processed_dir(cfg)
+    processed = catalog.folder(cfg)
     processed.mkdir(parents=True)
     (processed / "sequences.parquet").write_text("old\n")  # an older grlib's output: replaced
     (processed / "stats.json").write_text("{}\n")
-    stats = data_stage.prepare(cfg)
+    stats = catalog.prepare(cfg)
     assert (processed / io.MARKER).is_file() and stats["dataset"] == "synthetic"
     assert pl.read_parquet(processed / "sequences.parquet").height == stats["users"]
 
     (processed / io.MARKER).unlink()
     (processed / "README.txt").write_text("hand-written\n")  # no marker and a foreign file: refused
     before = _snapshot(isolated_outputs)
-    with pytest.raises(io.OutputRefused, match=r"processed/smoke: folder is not empty"):
-        data_stage.prepare(cfg)
+    with pytest.raises(io.OutputRefused, match=rf"processed/{processed.name}: folder is not empty"):
+        catalog.prepare(cfg)
     assert _snapshot(isolated_outputs) == before
 
 

@@ -85,12 +85,12 @@ def test_model_of_another_shape_is_refused_without_settings(ckpt, tmp_path):
     import torch
 
     from grlib.config import load_config
-    from grlib.experiments import train_stage
+    from grlib.data.catalog import load_dataset
     from grlib.model import build_model
     from grlib.train import train
 
     cfg = load_config("smoke")
-    ds = train_stage.load_dataset(cfg)
+    ds = load_dataset(cfg)
     train(build_model(cfg.model, ds.data.n_items, 32), ds.data, cfg.train, 32, cfg.negatives,
           checkpoint_dir=tmp_path / "c")
     other = cfg.replace({"model.n_layers": 2}).model

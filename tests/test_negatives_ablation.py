@@ -8,7 +8,7 @@ import pytest
 from grlib import results
 from grlib.cli import main
 from grlib.config import ConfigError, NegativesAblation, load_ablation
-from grlib.negatives.ablation import Variant, acceptance, variants
+from grlib.experiments.negatives_stage import Variant, acceptance, variants
 
 
 def test_variants_cover_the_grid_once_baseline_first():
@@ -74,12 +74,13 @@ def test_ablation_grid_errors_name_the_field():
         load_ablation("negatives", {"timing_steps": 1})
 
 
-def test_movielens_loads_for_the_ablation(real_data):
+def test_movielens_loads_for_the_ablation(real_data, isolated_outputs):
     from grlib.config import load_config
-    from grlib.negatives.ablation import load_dataset
+    from grlib.data.catalog import load_dataset
 
-    data = load_dataset(load_config("smoke"), "ml-100k")
-    assert data.n_users == 943 and data.n_items == 1682 + 2
+    ds = load_dataset(load_config("smoke"), "ml-100k")  # the catalogue, as the ablation's `measure` loads it
+    data = ds.data
+    assert data.n_users == 943 and data.n_items == 1682 + 2 and ds.mask_history
     assert data.train_item_counts().sum() > 943 * 25  # about max_len = 32 training targets per user
 
 

@@ -12,8 +12,8 @@ import pytest
 import torch
 
 from grlib.config import load_config
+from grlib.data import catalog
 from grlib.data.sequences import SequenceData
-from grlib.experiments import data_stage
 from grlib.model import build_model
 from grlib.negatives import NegativeSamplerError, PrefetchWorker, build_negative_path
 from grlib.negatives.path import NegativePath
@@ -27,8 +27,8 @@ def _worker_threads() -> list[threading.Thread]:
 @pytest.fixture
 def smoke(isolated_outputs):
     cfg = load_config("smoke", {"train.max_steps": 4})
-    data_stage.prepare(cfg)
-    return cfg, SequenceData.load(data_stage.processed_dir(cfg))
+    catalog.prepare(cfg)
+    return cfg, SequenceData.load(catalog.folder(cfg))
 
 
 def _fit(cfg, data, **negatives):

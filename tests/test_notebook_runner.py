@@ -1,4 +1,4 @@
-"""The notebook runner (`python -m grlib notebook`, grlib.notebooks) and papermill parameters:
+"""The notebook runner (`python -m grlib notebook`, grlib.cli.notebook) and papermill parameters:
 a failed run keeps the last good executed notebook and saves the failed one beside it; errors are
 one line, exit 2; progress lines when stderr is not a terminal; parameters matched by whole name;
 overrides given as text (papermill -p) are parsed as a mapping."""
@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from grlib import notebooks
+from grlib.cli import notebook as notebooks
 from grlib.cli import main
 
 ROOT = Path(__file__).resolve().parents[1]

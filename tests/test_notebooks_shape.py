@@ -33,7 +33,7 @@ def test_every_stage_runs_an_existing_notebook():
 
 
 def test_runner_refuses_a_notebook_without_parameters(tmp_path, monkeypatch):
-    from grlib import notebooks
+    from grlib.cli import notebook as notebooks
 
     (tmp_path / "notebooks").mkdir()
     (tmp_path / "grlib").mkdir()

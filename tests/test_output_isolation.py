@@ -74,7 +74,7 @@ def test_adhoc_rows_stay_out_of_the_committed_tables(isolated_outputs):
 def test_bench_writes_adhoc_unless_recorded(isolated_outputs, capsys):
     from grlib.cli import main
 
-    small = ["bench", "ops", "--batch", "4", "--max-len", "8", "--dim", "4", "--repeats", "1"]
+    small = ["bench", "ops", "--scale", "smoke", "--batch", "4", "--max-len", "8", "--dim", "4", "--repeats", "1"]
     assert main(small) == 0
     out = capsys.readouterr().out
     assert "ad-hoc" in out and str(Path("adhoc", "tables", "bench_ops", "scale=smoke")) in out

@@ -11,8 +11,8 @@ from hypothesis import strategies as st
 
 from grlib import ops
 from grlib.config import TrainConfig, load_config
+from grlib.data.catalog import load_dataset
 from grlib.evaluate import evaluate, last_token_scores
-from grlib.experiments import train_stage
 from grlib.model import build_model
 from grlib.train import PHASES, checkpoint, train
 from grlib.train.optim import BETAS, LazyAdam, Optimizers
@@ -130,7 +130,7 @@ def smoke_data(tmp_path_factory):
 
     os.environ["GRLIB_DATA_DIR"] = str(tmp_path_factory.mktemp("data"))
     cfg = load_config("smoke")
-    return cfg, train_stage.load_dataset(cfg)
+    return cfg, load_dataset(cfg)
 
 
 def test_training_learns_and_records_a_timeline(smoke_data):

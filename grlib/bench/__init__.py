@@ -12,6 +12,8 @@ import importlib
 import json
 from pathlib import Path
 
+from grlib.config import add_config_arguments
+
 BENCHES = {
     "ops": "grlib.bench.ops",
     "train": "grlib.bench.train",
@@ -30,7 +32,7 @@ def add_bench_parser(sub: argparse._SubParsersAction) -> None:
         mod = importlib.import_module(module)
         p = names.add_parser(name, help=(mod.__doc__ or "").strip().splitlines()[0])
         p.add_argument("--json", default=None, help="also write the rows as a JSON list to this path")
-        p.add_argument("--scale", default=None, help="named scale from params.yaml (default: smoke)")
+        add_config_arguments(p)  # --scale (params.yaml's by default) and -o overrides
         p.add_argument("--record", action="store_true",
                        help="append the rows to the committed results/tables/ (default: results/adhoc/tables/)")
         mod.add_arguments(p)

@@ -22,7 +22,7 @@ from pathlib import Path
 
 from grlib import results
 from grlib.bench.common import print_table
-from grlib.config import load_config
+from grlib.config import config_from_args
 from grlib.data.preprocess import PART_BYTES_PER_ROW
 
 KUAIRAND_27K_ROWS, KUAIRAND_27K_VIDEOS = 322_278_385, 32_038_725
@@ -102,7 +102,7 @@ def measure(method: str, csv: Path, work: Path, max_len: int, bucket_rows: int) 
 def run(args: argparse.Namespace) -> list[dict]:
     from grlib.data.synthetic import write_log_csv
 
-    cfg = load_config(args.scale or "smoke")
+    cfg = config_from_args(args)
     rows_out = []
     for target_rows in args.rows:
         work = Path(tempfile.mkdtemp(dir=args.workdir, prefix="grlib-bench-data-"))

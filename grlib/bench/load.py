@@ -41,11 +41,10 @@ import torch
 
 from grlib import perf, results, threads
 from grlib.bench.common import positive_int, print_table
-from grlib.config import load_config
-from grlib.experiments.train_stage import load_dataset
+from grlib.config import config_from_args, load_config, parse_overrides
+from grlib.data.catalog import load_dataset
 from grlib.model import build_model
 from grlib.train import train
-from grlib.train.cli import parse_overrides
 from grlib.train.loop import PHASES
 
 HOG_MARKER = "grlib-bench-load-hog"
@@ -118,8 +117,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="torch threads to measure each policy with (default: grlib's, see grlib.threads)")
     p.add_argument("--peak-sizes", type=positive_int, nargs="+", default=list(perf.PEAK_SIZES),
                    help="square GEMM sizes of the peak measurement")
-    p.add_argument("-o", "--override", action="append", default=[], metavar="KEY=VALUE",
-                   help="config override on top of the scale, e.g. -o model.d_model=256")
 
 
 class Hogs:
@@ -165,8 +162,8 @@ def cpu_hogs(n: int, seconds: float, kind: str = "python") -> Iterator[Hogs]:
 
 
 def run(args: argparse.Namespace) -> list[dict]:
-    overrides = {**parse_overrides(args.override), "model.name": "hstu"}
-    cfg = load_config(args.scale or "smoke", overrides)
+    overrides = {**parse_overrides(args.override), "model.name": "hstu"}  # the children rebuild cfg from these
+    cfg = config_from_args(args, overrides)
     load_dataset(cfg, "scale")  # prepared once here, not by every child at once
     mine = {"wait_policy": threads.inherited_policy(), "threads": threads.policy()["threads"]}
     spec = {"scale": cfg.scale, "overrides": overrides, "steps": args.steps, "warmup": args.warmup,

@@ -3,9 +3,9 @@
 Runs the `ablations.negatives` grid of params.yaml (flags override single fields) on the scale's
 synthetic twin and MovieLens-100K: step ms, negative-path memory, negatives per token, embedding
 rows per step and NDCG@10 after a fixed budget, with ratios against the per-token baseline
-measured in the same run (grlib.negatives.ablation). Rows record the OpenMP wait policy and threads
-(grlib.threads: PASSIVE waiting, so a busy machine does not stall the run) and go to
-results/tables/bench_negatives.parquet.
+measured in the same run (the negatives stage's method: grlib.experiments.negatives_stage). Rows
+record the OpenMP wait policy and threads (grlib.threads: PASSIVE waiting, so a busy machine does
+not stall the run) and go to the bench_negatives table (ad-hoc unless --record).
 """
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ import argparse
 
 from grlib import results, threads
 from grlib.bench.common import positive_int, print_table, set_threads, thread_columns
-from grlib.config import load_ablation, load_config
-from grlib.negatives import ablation
+from grlib.config import config_from_args, load_ablation
+from grlib.experiments import negatives_stage
 
 COLUMNS = {  # printed name: row key
     "dataset": "dataset", "variant": "variant", "step_ms": "step_ms", "step_x": "step_ratio",
@@ -47,9 +47,9 @@ def grid_overrides(args: argparse.Namespace) -> dict:
 
 def run(args: argparse.Namespace) -> list[dict]:
     set_threads(args.threads)
-    cfg = load_config(args.scale or "smoke")
+    cfg = config_from_args(args)
     ab = load_ablation("negatives", grid_overrides(args))
-    rows, notes = ablation.run(cfg, ab)
+    rows, notes = negatives_stage.measure(cfg, ab)
     for note in notes:
         print(f"note: {note}")
     if not rows:
@@ -60,6 +60,6 @@ def run(args: argparse.Namespace) -> list[dict]:
                 f"bench negatives: scale {cfg.scale}, model {cfg.model.name} {cfg.model.n_layers}x{cfg.model.n_heads} "
                 f"d={cfg.model.d_model}, batch {cfg.train.batch_size} x max_len {cfg.data.max_len}, "
                 f"{threads.describe()}; ratios vs the per-token R={ab.baseline_negatives} FP32 baseline")
-    print_table(ablation.acceptance(rows, ab), "acceptance checks: shared pools, half precision, async sampling")
+    print_table(negatives_stage.acceptance(rows, ab), "acceptance checks: shared pools, half precision, async sampling")
     results.append_rows("bench_negatives", rows, cfg)
     return rows

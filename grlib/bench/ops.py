@@ -10,8 +10,9 @@ import argparse
 import torch
 
 from grlib import ops, results
-from grlib.bench.common import kuairand_lengths, median_ms, print_table
-from grlib.config import load_config
+from grlib.bench.common import print_table
+from grlib.experiments.measure import kuairand_lengths, median_ms
+from grlib.config import config_from_args
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -29,7 +30,7 @@ def _cases(values: torch.Tensor, offsets: torch.Tensor, max_len: int):
 
 
 def run(args: argparse.Namespace) -> list[dict]:
-    cfg = load_config(args.scale or "smoke")
+    cfg = config_from_args(args)
     lengths = torch.from_numpy(kuairand_lengths(args.batch, args.max_len, "scaled"))
     offsets = ops.offsets_from_lengths(lengths)
     values = torch.randn(int(lengths.sum()), args.dim, requires_grad=True)

@@ -18,9 +18,10 @@ import numpy as np
 import torch
 
 from grlib import ops, perf, results, threads
-from grlib.bench.common import median_ms, positive_int, print_table, set_threads, thread_columns
-from grlib.config import load_config
-from grlib.experiments.train_stage import load_dataset
+from grlib.bench.common import positive_int, print_table, set_threads, thread_columns
+from grlib.config import config_from_args
+from grlib.data.catalog import load_dataset
+from grlib.experiments.measure import median_ms
 from grlib.model import build_model, parameter_count
 from grlib.negatives import build_negative_path
 from grlib.train.loop import PHASES
@@ -33,8 +34,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--impls", default="all", help="comma-separated hstu_attention impls (default: all that run on CPU)")
     p.add_argument("--threads", type=positive_int, default=None,
                    help="torch threads (default: grlib's, see grlib.threads)")
-    p.add_argument("-o", "--override", action="append", default=[], metavar="KEY=VALUE",
-                   help="config override on top of the scale, e.g. -o model.d_model=512 (MFU at another shape)")
 
 
 def _batches(cfg, n: int):
@@ -89,9 +88,7 @@ def _gemm_share(T: int, d: int, peak: float) -> float:
 
 def run(args: argparse.Namespace) -> list[dict]:
     set_threads(args.threads)
-    from grlib.train.cli import parse_overrides
-
-    cfg = load_config(args.scale or "laptop", {**parse_overrides(args.override), "model.name": "hstu"})
+    cfg = config_from_args(args, {"model.name": "hstu"})  # -o model.d_model=512: MFU at another shape
     impls = ops.runnable("hstu_attention", "cpu") if args.impls == "all" else tuple(args.impls.split(","))
     auto = ops.choose("hstu_attention", "cpu", "auto")
     data, batches = _batches(cfg, args.warmup + args.steps)

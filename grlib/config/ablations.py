@@ -59,7 +59,7 @@ class KernelsAblation:
 class NegativesAblation:
     """The grid of the negative-sampling experiment (notebooks/04_negative_sampling, bench negatives).
 
-    Rows (grlib.negatives.ablation.variants): the per-token baseline (R = baseline_negatives, FP32,
+    Rows (grlib.experiments.negatives_stage.variants): the per-token baseline (R = baseline_negatives, FP32,
     sync); shared pools of each size in shared_sizes; each half format at per-token R and at shared
     R = precision_shared_size; sync vs async vs pre-sampled with async_sampler at per-token
     R = baseline_negatives and at shared R = async_shared_size; each extra sampler at a shared pool of

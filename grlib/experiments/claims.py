@@ -11,7 +11,7 @@
     C6.half      (in words)       memory vs fp32 <= 55%, NDCG@10 change < 1%              measured (negatives)
 
 The checks read their thresholds from here when they run (`target(key)`), never from a copy:
-kernels_stage.acceptance (C1), negatives.ablation.acceptance (C6), and the report (C7 MFU, W1).
+kernels_stage.acceptance (C1), negatives_stage.acceptance (C6), and the report (C7 MFU, W1).
 A percentage is written as the paper writes it (70 %) and compared as a fraction (0.70).
 """
 from __future__ import annotations
@@ -184,15 +184,15 @@ TARGETS: dict[str, Target] = index((
     Target("C6.sharing", "negatives per token and step time, shared pool vs per-token negatives",
            "larger effective negative set, no extra embedding lookups",
            (Bound("negatives vs per-token", ">=", _x(8)), Bound("step time vs per-token", "<=", _x(1.2))),
-           "negatives", "grlib.negatives.ablation.acceptance",
+           "negatives", "grlib.experiments.negatives_stage.acceptance",
            Method("measured", "the smallest shared pool with enough negatives; median step time of the same "
                               "batches in interleaved rounds, vs the per-token baseline of the same run")),
     Target("C6.half", "negative-path memory and quality, half vs fp32 logits", "jaggedness-aware FP16 (no figure)",
            (Bound("memory vs fp32", "<=", _pct(55)), Bound("NDCG@10 change", "<", _pct(1))),
-           "negatives", "grlib.negatives.ablation.acceptance",
+           "negatives", "grlib.experiments.negatives_stage.acceptance",
            Method("measured", "peak memory of sampling + loss + backward; test NDCG@10 after the same budget")),
     Target("C6.async", "step time, sampling in a worker vs samples made beforehand", "async offload (no figure)",
-           (Bound("step time vs pre-sampled", "<=", _x(1.05)),), "negatives", "grlib.negatives.ablation.acceptance",
+           (Bound("step time vs pre-sampled", "<=", _x(1.05)),), "negatives", "grlib.experiments.negatives_stage.acceptance",
            Method("measured", "median step time, same batches, interleaved rounds")),
     Target("C7.mfu", "model FLOPs utilisation of a training step", _pct(54.71),
            (Bound("MFU", ">=", _pct(54.71)),), "bench_train", "grlib.bench.train.run",

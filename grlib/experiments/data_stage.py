@@ -1,93 +1,32 @@
 """Stage `data` (notebooks/00_data): raw log -> processed sequences + stats for one scale.
 
-Every dataset goes through grlib.data.preprocess.prepare_logs: the synthetic log is first
-written as a KuaiRand-style CSV (a temporary file under data/raw/), KuaiRand versions come from the
-download cache (grlib.data.download), MovieLens-100K from the shared real-data slices when present,
-else from the cache.
+The scale's data is prepared by the dataset catalogue (grlib.data.catalog) into its folder,
+data/processed/<scale> (with overrides: a folder of their own); this module adds the stage's
+result row, metrics and the charts and tables of the notebook.
 """
 from __future__ import annotations
 
 import json
 import math
-import tempfile
-from pathlib import Path
 
 import altair as alt
 import numpy as np
 import polars as pl
 
-from grlib import paths, results
-from grlib.config import Config, DataConfig
-from grlib.data import download, preprocess, registry
-from grlib.data.movielens import read_ml100k
-from grlib.data.synthetic import PUBLISHED_27K, user_lengths, write_log_csv
-
-
-def processed_dir(cfg: Config) -> Path:
-    return paths.data_dir() / "processed" / cfg.scale
-
-
-def raw_sources(cfg: DataConfig, work: Path, raw_dir: Path | None = None,
-                mirror: str | None = None) -> list[preprocess.Source]:
-    """The raw logs of cfg.dataset. Synthetic: written into `work` first. A real dataset: its log
-    files (registry log_files) found anywhere under `raw_dir` when given, else the download cache,
-    fetching from the registry URL or `mirror` (download.mirror_url) what is missing."""
-    if cfg.dataset == "synthetic":
-        if raw_dir is not None:
-            from grlib.data.schema import DataError
-
-            raise DataError(f"{raw_dir}: the synthetic dataset is generated, it reads no raw folder")
-        path = work / "synthetic.csv"
-        write_log_csv(path, cfg.n_users, cfg.length_factor, cfg.n_items, cfg.seed)
-        return [path]
-    spec = registry.get(cfg.dataset)
-    if raw_dir is not None:
-        files = download.find_files(Path(raw_dir), spec.log_files, f"the raw folder of {spec.name}")
-    elif spec.log_format == "ml-100k":
-        files = [paths.real_data_file("movielens_100k/u.data") or download.log_paths(spec, mirror=mirror)[0]]
-    else:
-        files = download.log_paths(spec, mirror=mirror)
-    return [read_ml100k(files[0])] if spec.log_format == "ml-100k" else files
-
-
-def prepare_to(cfg: DataConfig, out: Path, raw_dir: Path | None = None, mirror: str | None = None) -> dict:
-    """Writes sequences.parquet, vocab.parquet and stats.json of cfg into `out`, built aside and
-    renamed when complete. An existing `out` is replaced only if grlib made it, else OutputRefused,
-    checked before anything is generated or downloaded. raw_dir, mirror: see raw_sources."""
-    preprocess.check_output(out)
-    raw = paths.data_dir() / "raw"
-    raw.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=raw, prefix=f".{cfg.dataset}-") as work:
-        sources = raw_sources(cfg, Path(work), raw_dir, mirror)
-        extra = {"dataset": cfg.dataset}
-        if cfg.dataset == "synthetic":
-            extra.update(n_users_generated=cfg.n_users, length_factor=cfg.length_factor)
-        return preprocess.prepare_logs(sources, out, max_len=cfg.max_len, min_item_count=cfg.min_item_count,
-                                       target=cfg.target, context=cfg.context, bucket_rows=cfg.bucket_rows,
-                                       extra_stats=extra)
-
-
-def prepare(cfg: Config) -> dict:
-    """Writes sequences.parquet, vocab.parquet and stats.json into processed_dir(cfg), atomically."""
-    return prepare_to(cfg.data, processed_dir(cfg))
+from grlib import results
+from grlib.config import Config
+from grlib.data import catalog
+from grlib.data.catalog import ensure_prepared  # noqa: F401  (notebooks/02_train prepares the scale's data)
+from grlib.data.synthetic import PUBLISHED_27K, user_lengths
 
 
 def run(cfg: Config) -> pl.DataFrame:
     """Prepares the data, appends a row to the table `data`, writes results/metrics/<scale>/data.json;
     returns that row."""
-    stats = prepare(cfg)
+    stats = catalog.prepare(cfg)
     row = results.append_rows("data", [{"seed": cfg.data.seed, **stats}], cfg)
     results.write_metrics("data", {"scale": cfg.scale, **stats}, scale=cfg.scale)
     return row
-
-
-def ensure_prepared(cfg: Config) -> Path:
-    """The processed folder of cfg, preparing it first when it does not exist yet (e.g. a notebook
-    opened on its own in JupyterLab); under DVC the `data` stage always ran before."""
-    out = processed_dir(cfg)
-    if not (out / "sequences.parquet").exists():
-        prepare(cfg)
-    return out
 
 
 def stats_table(row: pl.DataFrame) -> pl.DataFrame:
@@ -106,7 +45,7 @@ def _log_histogram(values: np.ndarray, label: str, bins: int = 30) -> pl.DataFra
 
 def length_chart(cfg: Config) -> alt.Chart:
     """Histogram of per-user sequence lengths on a log axis: in the log and kept (cut to max_len)."""
-    seqs = pl.read_parquet(processed_dir(cfg) / "sequences.parquet", columns=["item_ids", "n_events"])
+    seqs = pl.read_parquet(catalog.folder(cfg) / "sequences.parquet", columns=["item_ids", "n_events"])
     kept = seqs["item_ids"].list.len().to_numpy()
     hist = pl.concat([_log_histogram(seqs["n_events"].to_numpy(), "events in the log"),
                       _log_histogram(kept, f"kept (max_len {cfg.data.max_len})")])
@@ -119,7 +58,7 @@ def length_chart(cfg: Config) -> alt.Chart:
 
 def popularity_chart(cfg: Config) -> alt.Chart:
     """Item popularity curve: rows per video against popularity rank (log-log)."""
-    vocab = pl.read_parquet(processed_dir(cfg) / "vocab.parquet", columns=["count"])
+    vocab = pl.read_parquet(catalog.folder(cfg) / "vocab.parquet", columns=["count"])
     curve = vocab.with_columns(pl.int_range(1, pl.len() + 1).alias("rank"))
     if curve.height > 2000:  # thin out the tail: log-spaced ranks keep the curve's shape
         keep = np.unique(np.round(np.logspace(0, math.log10(curve.height), 2000)).astype(np.int64))
@@ -135,7 +74,7 @@ def calibration_table(cfg: Config) -> pl.DataFrame:
     generator's own length draw at length factor 1.0 for the published 27,285 users (seed
     cfg.data.seed), the same quantiles of this scale's log divided by its length factor, and the
     click / long-view rates of this scale's processed log."""
-    processed = json.loads((processed_dir(cfg) / "stats.json").read_text())
+    processed = json.loads((catalog.folder(cfg) / "stats.json").read_text())
     full = user_lengths(PUBLISHED_27K["users"], 1.0, np.random.default_rng([cfg.data.seed, 0]))
     synthetic = cfg.data.dataset == "synthetic"
     rows = []

@@ -96,11 +96,11 @@ def _negatives(scale: str) -> list[Found]:
     if run.height == 0:
         return []
     from grlib.config import load_ablation
-    from grlib.negatives import ablation
+    from grlib.experiments import negatives_stage
 
     note = _run_note(run, "negatives")
     return [Found(c["target"], f"{c['dataset']} · {c['check']}", c["figure"], f"{note}, row {c['row']}", c["met"])
-            for c in ablation.acceptance(run.to_dicts(), load_ablation("negatives"))]
+            for c in negatives_stage.acceptance(run.to_dicts(), load_ablation("negatives"))]
 
 
 def _quality(scale: str) -> list[Found]:

@@ -1,19 +1,16 @@
 """Stage `train` (notebooks/02_train): every dataset x model x seed of the ablation, trained,
 selected on validation and evaluated on test by full ranking.
 
-Datasets: "scale" is the scale's own processed data (the `data` stage's output, e.g. the
-synthetic KuaiRand twin at laptop scale); any other name (e.g. "ml-100k") is prepared with the
-scale's data settings by the data stage's code into its own folder. A real dataset whose file is
-absent is skipped with its reason (listed in `run`'s result and in the metrics JSON), never replaced.
+Datasets come from the dataset catalogue (grlib.data.catalog): "scale" is the scale's own
+processed data (the `data` stage's output, e.g. the synthetic KuaiRand twin at laptop scale); any
+other name (e.g. "ml-100k") is prepared once with the scale's data settings into a folder of its
+own. A real dataset whose file is absent is skipped with its reason (listed in `run`'s result and
+in the metrics JSON), never replaced.
 """
 from __future__ import annotations
 
-import dataclasses
-import hashlib
-import json
 import math
 import time
-from dataclasses import dataclass
 
 import altair as alt
 import polars as pl
@@ -21,42 +18,12 @@ import torch
 
 from grlib import perf, results
 from grlib.config import Config, TrainAblation
+from grlib.data.catalog import Dataset, dataset_config, load_dataset
 from grlib.data.download import DownloadError
 from grlib.data.schema import FIRST_ITEM_ID
-from grlib.data.sequences import SequenceData
-from grlib.evaluate import evaluate, last_token_scores, popularity_scores, split_repeat_fraction
-from grlib.experiments import data_stage
+from grlib.evaluate import evaluate, last_token_scores, popularity_scores
 from grlib.model import build_model, parameter_count
 from grlib.train import train
-
-
-@dataclass
-class Dataset:
-    name: str
-    data: SequenceData
-    mask_history: bool  # MovieLens protocol; refused on logs with repeat consumption (grlib.evaluate)
-    repeat_fraction: float  # share of test targets that repeat a history item
-
-
-def dataset_name(cfg: Config, name: str) -> str:
-    return cfg.data.dataset if name == "scale" else name
-
-
-def load_dataset(cfg: Config, name: str = "scale") -> Dataset:
-    """The sequences of `name` ("scale" = the scale's processed data) with its evaluation protocol.
-
-    Another dataset is prepared once by the data stage's code into its own folder,
-    data/processed/<scale>-<dataset>-<hash of its data settings>, and reused while those settings hold."""
-    real = dataset_name(cfg, name)
-    if real == cfg.data.dataset:
-        folder = data_stage.ensure_prepared(cfg)
-    else:
-        data_cfg = dataclasses.replace(cfg.data, dataset=real)
-        digest = hashlib.sha256(json.dumps(dataclasses.asdict(data_cfg), sort_keys=True).encode()).hexdigest()[:8]
-        folder = data_stage.ensure_prepared(Config(scale=f"{cfg.scale}-{real}-{digest}", data=data_cfg))
-    data = SequenceData.load(folder)
-    rep = split_repeat_fraction(data, cfg.data.max_len)
-    return Dataset(real, data, mask_history=rep == 0.0, repeat_fraction=rep)
 
 
 def run_one(cfg: Config, ds: Dataset, peak: float | None = None) -> tuple[dict, list[dict]]:
@@ -108,8 +75,8 @@ def run(cfg: Config, ablation: TrainAblation) -> dict:
         try:
             ds = load_dataset(cfg, name)
         except (FileNotFoundError, DownloadError) as err:  # absent and not downloadable here: said, not hidden
-            skipped[dataset_name(cfg, name)] = str(err)
-            print(f"skipped dataset {dataset_name(cfg, name)!r}: {err}")
+            skipped[dataset_config(cfg, name).dataset] = str(err)
+            print(f"skipped dataset {dataset_config(cfg, name).dataset!r}: {err}")
             continue
         for model in ablation.models:
             for seed in ablation.seeds:

@@ -17,7 +17,8 @@ Configured by NegativesConfig (params.yaml `negatives`):
   async_sampling  ids, masks and logQ of step i+1 drawn by a background worker during step i
 
 Modules: samplers (distributions), scoring (logits and loss), offload (the worker), path (the
-NegativePath), memory (peak memory of a region), ablation (the speed / quality grid).
+NegativePath), memory (peak memory of a region). The speed / quality ablation is the negatives
+stage's method (grlib.experiments.negatives_stage).
 """
 from grlib.negatives.offload import NegativeSamplerError, PrefetchWorker
 from grlib.negatives.path import NegativePath, NegativeSample, build_negative_path, sample_stats

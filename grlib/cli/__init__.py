@@ -1,4 +1,4 @@
-"""`python -m grlib ...`: run notebooks, show configs, run benchmarks.
+"""`python -m grlib ...` (and the `grlib` script): the command-line face of the workbench.
 
     python -m grlib notebook 02_train --scale laptop [-p key value ...]
     python -m grlib config --scale laptop [-o model.d_model=128 ...]
@@ -9,6 +9,9 @@
 A user mistake (a bad scale, parameter, override, data file, checkpoint or output folder, or a
 notebook cell that raised) prints one line `error: ...` on stderr and exits with status 2.
 """
+# One module per command: notebook (with the papermill runner), train, data; `config` is below and
+# the benchmarks are grlib.bench. Commands call experiments and the library, never the other way
+# round (tests/test_layers.py).
 from __future__ import annotations
 
 import argparse
@@ -21,15 +24,6 @@ from grlib.io import OutputRefused
 from grlib.progress import ProgressSettingError
 
 
-def _notebook(args: argparse.Namespace) -> int:
-    from grlib.notebooks import run_notebook
-
-    params = {k: v for k, v in (args.param or [])}
-    out = run_notebook(args.name, scale=args.scale, parameters=params, output=args.output)
-    print(out)
-    return 0
-
-
 def _config(args: argparse.Namespace) -> int:
     cfg = config.load_config(args.scale, config.parse_overrides(args.override))
     print(json.dumps(cfg.to_dict(), indent=2))
@@ -39,20 +33,13 @@ def _config(args: argparse.Namespace) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     from grlib.bench import add_bench_parser
-    from grlib.data.cli import add_data_parser
+    from grlib.cli import data, notebook, train
 
     parser = argparse.ArgumentParser(prog="python -m grlib", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
 
-    nb = sub.add_parser("notebook", help="run notebooks/<name>.ipynb with papermill into results/executed/<scale>/")
-    nb.add_argument("name", help="notebook name without .ipynb, e.g. 02_train")
-    nb.add_argument("--scale", default=None, help="named scale from params.yaml (default: params.yaml's scale)")
-    nb.add_argument("-p", "--param", nargs=2, action="append", metavar=("KEY", "VALUE"),
-                    help="extra papermill parameter (YAML value)")
-    nb.add_argument("--output", default=None, help="executed notebook path (default results/executed/<scale>/<name>.ipynb)")
-    nb.set_defaults(func=_notebook)
-
+    notebook.add_parser(sub)
     cf = sub.add_parser("config", help="print the resolved config of a scale")
     cf.add_argument("--scale", default=None, help="named scale from params.yaml (default: params.yaml's scale)")
     cf.add_argument("-o", "--override", action="append", default=[], metavar="KEY=VALUE",
@@ -60,16 +47,14 @@ def build_parser() -> argparse.ArgumentParser:
     cf.set_defaults(func=_config)
 
     add_bench_parser(sub)
-    add_data_parser(sub)
-    from grlib.train.cli import add_train_parser
-
-    add_train_parser(sub)
+    data.add_parser(sub)
+    train.add_parser(sub)
     return parser
 
 
 def user_errors() -> tuple[type[BaseException], ...]:
     """The exceptions that report a user mistake (each defined where it is raised)."""
-    from grlib.notebooks import NotebookError, NotebookFailed
+    from grlib.cli.notebook import NotebookError, NotebookFailed
     from grlib.train.checkpoint import CheckpointError
 
     return (config.ConfigError, DataError, OutputRefused, ProgressSettingError, NotebookError, NotebookFailed,
@@ -87,7 +72,3 @@ def main(argv: list[str] | None = None) -> int:
 
 def _one_line(message: str) -> str:
     return " ".join(message.split())
-
-
-if __name__ == "__main__":  # pragma: no cover
-    sys.exit(main())

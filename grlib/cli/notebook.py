@@ -1,5 +1,7 @@
-"""Running the project's notebooks with papermill (used by the CLI and the DVC stages).
+"""`python -m grlib notebook NAME`: run one of the project's notebooks with papermill (the DVC stages
+run every notebook this way).
 
+    python -m grlib notebook 02_train --scale laptop [-p overrides '{"model.n_layers": 2}']
     out = run_notebook("02_train", scale="laptop", parameters={"overrides": '{"model.n_layers": 2}'})
 
 Before a kernel starts, the parameters are checked against the names the notebook's `parameters`
@@ -13,6 +15,7 @@ kernel's stderr (where grlib's own progress lines go) forwarded, and a last line
 """
 from __future__ import annotations
 
+import argparse
 import ast
 import json
 import os
@@ -25,6 +28,7 @@ from typing import Any
 import yaml
 
 from grlib import config, paths
+from grlib.config import add_config_arguments
 from grlib.io import umask
 from grlib.progress import enabled, log
 
@@ -39,6 +43,26 @@ class NotebookFailed(RuntimeError):
     def __init__(self, message: str, failed_path: Path):
         super().__init__(message)
         self.failed_path = failed_path
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    nb = sub.add_parser("notebook", help="run notebooks/<name>.ipynb with papermill into results/executed/<scale>/")
+    nb.add_argument("name", help="notebook name without .ipynb, e.g. 02_train")
+    add_config_arguments(nb)  # -o K=V becomes the notebook's `overrides` parameter
+    nb.add_argument("-p", "--param", nargs=2, action="append", metavar=("KEY", "VALUE"),
+                    help="extra papermill parameter (YAML value)")
+    nb.add_argument("--output", default=None, help="executed notebook path (default results/executed/<scale>/<name>.ipynb)")
+    nb.set_defaults(func=_run)
+
+
+def _run(args: argparse.Namespace) -> int:
+    params = {k: v for k, v in (args.param or [])}
+    if args.override:
+        if "overrides" in params:
+            raise NotebookError("give overrides either as -o KEY=VALUE or as -p overrides '{...}', not both")
+        params["overrides"] = config.parse_overrides(args.override)
+    print(run_notebook(args.name, scale=args.scale, parameters=params, output=args.output))
+    return 0
 
 
 def notebook_names() -> list[str]:

@@ -17,6 +17,8 @@ import argparse
 import json
 from pathlib import Path
 
+from grlib.config import add_config_arguments
+
 from grlib.data.registry import DATASETS
 
 OUT_HELP = ("output folder, built beside it and renamed when complete; an existing folder is replaced only "
@@ -37,20 +39,20 @@ def _download(args: argparse.Namespace) -> int:
 
 
 def _prepare(args: argparse.Namespace) -> int:
-    from grlib.config import load_config
-    from grlib.experiments.data_stage import prepare_to
+    from grlib.config import config_from_args
+    from grlib.data.catalog import prepare_to
 
     keys = ("max_len", "min_item_count", "target", "context", "bucket_rows", "n_users", "length_factor",
             "n_items", "seed")
     overrides = {f"data.{k}": getattr(args, k) for k in keys if getattr(args, k) is not None}
-    cfg = load_config(args.scale, {"data.dataset": args.dataset, **overrides})
+    cfg = config_from_args(args, {"data.dataset": args.dataset, **overrides})
     raw_dir = Path(args.raw_dir) if args.raw_dir else None
     stats = prepare_to(cfg.data, Path(args.out), raw_dir=raw_dir, mirror=args.mirror)
     print(json.dumps(stats, indent=2))
     return 0
 
 
-def add_data_parser(sub: argparse._SubParsersAction) -> None:
+def add_parser(sub: argparse._SubParsersAction) -> None:
     data = sub.add_parser("data", help="download real datasets, prepare sequences")
     cmds = data.add_subparsers(dest="data_command", required=True)
 
@@ -69,7 +71,7 @@ def add_data_parser(sub: argparse._SubParsersAction) -> None:
                         help="read the dataset's log files from this folder (searched in subfolders too) "
                              "instead of the download cache")
     source.add_argument("--mirror", default=None, metavar="URL", help=MIRROR_HELP)
-    pr.add_argument("--scale", default="smoke", help="scale whose data section gives the defaults (default smoke)")
+    add_config_arguments(pr)  # the scale's data section gives the defaults; -o data.KEY=VALUE like the flags below
     for name, typ in (("max-len", int), ("min-item-count", int), ("target", str), ("context", str),
                       ("bucket-rows", int), ("n-users", int), ("length-factor", float), ("n-items", int),
                       ("seed", int)):

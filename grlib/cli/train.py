@@ -4,6 +4,8 @@
     python -m grlib train --scale laptop --model sasrec --seed 1 --checkpoint-dir ckpt --checkpoint-every 50
     python -m grlib train --params-only            # parameters of every scale's HSTU (paper: ~0.2B dense)
 
+The data comes from the dataset catalogue (grlib.data.catalog): with data.* overrides (e.g.
+-o data.max_len=64) it is prepared once into a folder of its own; the scale's stays as it is.
 JSON keys: ndcg@10, hr@10, mrr (test), params, tokens_per_s, mfu, plus every val_/test_ metric.
 The row is also appended to table train_runs: under results/adhoc/tables/ unless --record
 (then results/tables/). With --checkpoint-dir a run resumes
@@ -23,7 +25,7 @@ from grlib.config import parse_overrides
 KEYS = ("ndcg@10", "hr@10", "mrr", "params", "tokens_per_s", "mfu")
 
 
-def add_train_parser(sub: argparse._SubParsersAction) -> None:
+def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("train", help="train and evaluate one model (full ranking); print and save metrics")
     p.add_argument("--scale", default=None, help="named scale from params.yaml (default: params.yaml's scale)")
     p.add_argument("--dataset", default="scale",
@@ -47,8 +49,8 @@ def add_train_parser(sub: argparse._SubParsersAction) -> None:
 def run_cli(args: argparse.Namespace) -> int:
     from grlib import perf, results
     from grlib.config import load_config
+    from grlib.data.catalog import load_dataset
     from grlib.evaluate import evaluate, last_token_scores, popularity_scores
-    from grlib.experiments.train_stage import load_dataset
     from grlib.model import build_model, parameter_count
     from grlib.results import atomic_write_bytes
     from grlib.train import train

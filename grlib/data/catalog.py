@@ -1,0 +1,162 @@
+"""The dataset catalogue: a dataset name -> its prepared folder -> the sequences and their
+evaluation protocol.
+
+    ds = load_dataset(cfg, "ml-100k")   # Dataset: name, data (SequenceData), folder, mask_history, ...
+    folder = ensure_prepared(cfg)       # the scale's own data, prepared when absent or out of date
+
+A dataset name is "scale" (cfg.data.dataset) or any dataset of DataConfig; the other data settings
+(max_len, target, ...) are cfg.data's. Folders, under data/processed/ (or GRLIB_DATA_DIR):
+
+    data/processed/
+      laptop/                   the scale's own data: params.yaml's scales.laptop.data, no override
+                                (the output of the DVC `data` stage)
+      synthetic-1b2c3d4e5f60/   any other data config, <dataset>-<key>: an override
+      ml-100k-0a9b8c7d6e5f/     (`-o data.max_len=64`) or another dataset at a scale's settings
+
+key = data_key(data config): sha256 (12 hex digits) of the fields that change the prepared output,
+KEY_FIELDS for every dataset and GENERATOR_FIELDS for the synthetic one. A prepared folder records
+its key in stats.json (`data_key`) and is reused while that key matches; otherwise (a folder of an
+older grlib, or the scale's folder after params.yaml changed) it is prepared again. So a config
+with overrides never reads data prepared with other settings, and preparing it leaves every
+other folder as it was.
+
+Preparing (prepare_to) writes sequences.parquet, vocab.parquet and stats.json through
+grlib.data.preprocess.prepare_logs (grlib.io.output_dir: complete or absent, and only ever
+replacing a folder grlib made). Raw logs: the synthetic twin is written as a KuaiRand-style CSV
+first (a temporary file under data/raw/); KuaiRand versions come from the download cache
+(grlib.data.download); MovieLens-100K from the shared real-data slices when present, else from the
+cache (grlib.data.movielens reads it into the log schema).
+
+Evaluation protocol: history items are masked at evaluation only where no validation or test
+target repeats a history item (repeat_fraction 0: MovieLens); on logs with repeat consumption
+masking would hide the target (grlib.evaluate).
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from grlib import paths
+from grlib.config import Config, DataConfig, load_config, scale_names
+from grlib.data import download, preprocess, registry
+from grlib.data.movielens import read_ml100k
+from grlib.data.schema import DataError
+from grlib.data.sequences import SequenceData
+from grlib.data.synthetic import write_log_csv
+from grlib.evaluate import split_repeat_fraction
+
+KEY_FIELDS = ("dataset", "max_len", "min_item_count", "target", "context", "bucket_rows")
+GENERATOR_FIELDS = ("n_users", "length_factor", "n_items", "seed")  # the synthetic twin's generator
+
+
+@dataclass
+class Dataset:
+    name: str
+    data: SequenceData
+    folder: Path  # the prepared folder it was loaded from
+    mask_history: bool  # MovieLens protocol; refused on logs with repeat consumption (grlib.evaluate)
+    repeat_fraction: float  # share of validation / test targets that repeat a history item
+
+
+def key_fields(data: DataConfig) -> dict:
+    """The settings that change the prepared output of `data` (bucket_rows: the order of users)."""
+    names = KEY_FIELDS + (GENERATOR_FIELDS if data.dataset == "synthetic" else ())
+    return {k: getattr(data, k) for k in names}
+
+
+def data_key(data: DataConfig) -> str:
+    return hashlib.sha256(json.dumps(key_fields(data), sort_keys=True).encode()).hexdigest()[:12]
+
+
+def dataset_config(cfg: Config, name: str = "scale") -> DataConfig:
+    """cfg.data for dataset `name` ("scale": cfg.data.dataset)."""
+    return cfg.data if name in ("scale", cfg.data.dataset) else dataclasses.replace(cfg.data, dataset=name)
+
+
+def processed_root() -> Path:
+    return paths.data_dir() / "processed"
+
+
+def folder(cfg: Config, name: str = "scale") -> Path:
+    """data/processed/<scale> for params.yaml's data of cfg.scale, else data/processed/<dataset>-<key>."""
+    data = dataset_config(cfg, name)
+    key = data_key(data)
+    own = cfg.scale in scale_names() and key == data_key(load_config(cfg.scale).data)
+    return processed_root() / (cfg.scale if own else f"{data.dataset}-{key}")
+
+
+def prepared_key(out: Path) -> str | None:
+    """The data_key recorded in out/stats.json, or None (no prepared data there)."""
+    stats = out / "stats.json"
+    if not ((out / "sequences.parquet").is_file() and stats.is_file()):
+        return None
+    try:
+        return json.loads(stats.read_text()).get("data_key")
+    except (json.JSONDecodeError, AttributeError):
+        return None
+
+
+def prepare(cfg: Config, name: str = "scale") -> dict:
+    """Prepares dataset `name` of cfg into its folder (replacing what grlib prepared there); its stats."""
+    return prepare_to(dataset_config(cfg, name), folder(cfg, name))
+
+
+def ensure_prepared(cfg: Config, name: str = "scale") -> Path:
+    """The folder of dataset `name`, prepared first unless it already holds this data config's output."""
+    data, out = dataset_config(cfg, name), folder(cfg, name)
+    if prepared_key(out) != data_key(data):
+        prepare_to(data, out)
+    return out
+
+
+def load_dataset(cfg: Config, name: str = "scale") -> Dataset:
+    """The sequences of dataset `name` with its evaluation protocol, prepared first if needed. A
+    real dataset that is neither on disk nor downloadable here raises FileNotFoundError or
+    DownloadError."""
+    out = ensure_prepared(cfg, name)
+    data = SequenceData.load(out)
+    rep = split_repeat_fraction(data, cfg.data.max_len)
+    return Dataset(dataset_config(cfg, name).dataset, data, out, mask_history=rep == 0.0, repeat_fraction=rep)
+
+
+def raw_sources(cfg: DataConfig, work: Path, raw_dir: Path | None = None,
+                mirror: str | None = None) -> list[preprocess.Source]:
+    """The raw logs of cfg.dataset. Synthetic: written into `work` first. A real dataset: its log
+    files (registry log_files) found anywhere under `raw_dir` when given, else the download cache,
+    fetching from the registry URL or `mirror` (download.mirror_url) what is missing."""
+    if cfg.dataset == "synthetic":
+        if raw_dir is not None:
+            raise DataError(f"{raw_dir}: the synthetic dataset is generated, it reads no raw folder")
+        path = work / "synthetic.csv"
+        write_log_csv(path, cfg.n_users, cfg.length_factor, cfg.n_items, cfg.seed)
+        return [path]
+    spec = registry.get(cfg.dataset)
+    if raw_dir is not None:
+        files = download.find_files(Path(raw_dir), spec.log_files, f"the raw folder of {spec.name}")
+    elif spec.log_format == "ml-100k":
+        files = [paths.real_data_file("movielens_100k/u.data") or download.log_paths(spec, mirror=mirror)[0]]
+    else:
+        files = download.log_paths(spec, mirror=mirror)
+    return [read_ml100k(files[0])] if spec.log_format == "ml-100k" else files
+
+
+def prepare_to(cfg: DataConfig, out: Path, raw_dir: Path | None = None, mirror: str | None = None) -> dict:
+    """Writes sequences.parquet, vocab.parquet and stats.json (with data_key) of cfg into `out`,
+    built aside and renamed when complete. An existing `out` is replaced only if grlib made it, else
+    OutputRefused, checked before anything is generated or downloaded. raw_dir, mirror: see raw_sources."""
+    preprocess.check_output(out)
+    raw = paths.data_dir() / "raw"
+    raw.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=raw, prefix=f".{cfg.dataset}-") as work:
+        sources = raw_sources(cfg, Path(work), raw_dir, mirror)
+        extra = {"dataset": cfg.dataset}
+        if cfg.dataset == "synthetic":
+            extra.update(n_users_generated=cfg.n_users, length_factor=cfg.length_factor)
+        extra["data_key"] = data_key(cfg)
+        return preprocess.prepare_logs(sources, out, max_len=cfg.max_len, min_item_count=cfg.min_item_count,
+                                       target=cfg.target, context=cfg.context, bucket_rows=cfg.bucket_rows,
+                                       extra_stats=extra)
