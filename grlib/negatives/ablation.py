@@ -108,13 +108,13 @@ def load_dataset(cfg: Config, name: str) -> SequenceData | None:
 
 
 class _Table:
-    """Stands in for model.embed in the memory measurement: a fixed normalised item table."""
+    """Stands in for model.embed (an ItemTable) in the memory measurement: a fixed normalised table."""
 
     def __init__(self, table: torch.Tensor):
         self.table = table
 
-    def item_table(self) -> torch.Tensor:
-        return self.table
+    def lookup(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.table.index_select(0, ids)
 
 
 def fixed_batches(data: SequenceData, cfg: Config, n: int, seed: int = 0) -> list[JaggedBatch]:

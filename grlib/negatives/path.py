@@ -2,7 +2,7 @@
 
 Each step splits in two:
   sample(batch) -> NegativeSample     valid-token positions, targets, negative ids (no embedding values)
-  loss(user, embed, batch)            looks the rows up under the current weights and scores them
+  loss(user, items, batch)            looks the rows up under the current weights and scores them
 
 Sync (`async_sampling: false`): `loss` samples on the critical path. Async: `wrap(batches)` runs
 `sample` for the next `queue_depth` batches in a background worker (grlib.negatives.offload) and
@@ -12,6 +12,13 @@ their gradients are exact (zero staleness), and async training draws exactly the
 (same generator, same order), so it trains the same model (up to floating-point run-to-run
 rounding). Gathering values ahead would score negatives with weights one or more optimizer steps
 old and still need a second lookup for their gradients.
+
+Lookups: `loss` asks the item table (grlib.model.embeddings.ItemTable) for the distinct ids of the
+batch's targets and negatives only, once each ([U, d], U <= min(V, P + P*R)), and scores in that
+local row space (the scoring functions index the U rows; logQ is gathered to them too). Only those
+rows are L2-normalised, and their gradients are summed per row before the normalisation's
+backward, so the numbers are those of scoring against the whole normalised [V, d] table, bit for
+bit, without touching the V - U other rows.
 
 Checkpoints: `state_dict()` is the sampler state as of the next batch to train. The worker draws
 ahead, so the live generator state is that of a batch still in the queue; instead each prepared
@@ -32,7 +39,8 @@ import torch
 from torch import Tensor
 
 from grlib.config import NegativesConfig
-from grlib.data.sequences import JaggedBatch
+from grlib.jagged import JaggedBatch
+from grlib.model.embeddings import ItemTable
 from grlib.negatives.offload import PrefetchWorker
 from grlib.negatives.samplers import InBatchSampler, Sampler, build_sampler
 from grlib.negatives.scoring import per_token_lse, sampled_softmax, shared_lse, shared_softmax_loss
@@ -57,6 +65,34 @@ class NegativeSample:
 
     def nbytes(self) -> int:
         return sum(getattr(self, f.name).numel() * getattr(self, f.name).element_size() for f in fields(self))
+
+
+@dataclass
+class LocalIds:
+    """A sample's ids in the row space of its distinct ids: rows = items.lookup(distinct)."""
+
+    distinct: Tensor  # [U] int64 ascending: every target and negative id, once
+    targets: Tensor  # [P] int64: distinct[targets] = sample.targets
+    ids: Tensor  # [P, R] or [R], the sample's id dtype: distinct[ids] = sample.ids
+
+    @classmethod
+    def of(cls, sample: NegativeSample, n_items: int) -> "LocalIds":
+        """Numpy, O(P + P*R + V) with a mask over the vocabulary (sorting when the ids are few)."""
+        t, ids = sample.targets.cpu().numpy(), sample.ids.cpu().numpy()
+        flat = np.concatenate([t, ids.reshape(-1).astype(np.int64, copy=False)])  # [P + P*R] or [P + R]
+        if flat.size * 8 < n_items:  # a few ids of a large vocabulary
+            distinct, inverse = np.unique(flat, return_inverse=True)
+        else:
+            present = np.zeros(n_items, dtype=bool)
+            present[flat] = True
+            distinct = np.flatnonzero(present)
+            inverse = (np.cumsum(present) - 1)[flat]
+        return cls(torch.from_numpy(distinct.astype(np.int64, copy=False)),
+                   torch.from_numpy(inverse[:t.size].astype(np.int64)),
+                   torch.from_numpy(inverse[t.size:].astype(ids.dtype).reshape(ids.shape)))
+
+    def to(self, device: torch.device) -> "LocalIds":
+        return LocalIds(*(getattr(self, f.name).to(device, non_blocking=True) for f in fields(self)))
 
 
 class NegativePath:
@@ -137,22 +173,25 @@ class NegativePath:
         self._trained_state = self.generator.get_state()
 
     # --- scoring (the critical path) -----------------------------------------------------------
-    def loss(self, user: Tensor, embed, batch: JaggedBatch) -> Tensor:
-        """user [T, d] normalised; embed.item_table() [V, d] normalised; batch.targets [T] -> scalar."""
-        s = self._take(batch).to(user.device)
-        table = embed.item_table()  # [V, d]
+    def loss(self, user: Tensor, items: ItemTable, batch: JaggedBatch) -> Tensor:
+        """user [T, d] normalised; items: the item table (rows looked up normalised); batch.targets [T]
+        -> scalar."""
+        s = self._take(batch)
+        local = LocalIds.of(s, self.n_items).to(user.device)
+        s = s.to(user.device)
+        rows = items.lookup(local.distinct)  # [U, d] normalised: each target and negative row once
         u = user.index_select(0, s.keep) / self.cfg.temperature  # [P, d]: valid tokens only, scaled by 1/tau
-        pos = (u * table.index_select(0, s.targets)).sum(-1)  # [P] fp32
-        logq = None if self.logq is None else self.logq.to(user.device)
+        pos = (u * rows.index_select(0, local.targets)).sum(-1)  # [P] fp32
+        logq = None if self.logq is None else self.logq.to(user.device)[local.distinct]  # [U]
         if logq is not None:
-            pos = pos - logq[s.targets]
+            pos = pos - logq[local.targets]
         if s.shared:
-            pool = table.index_select(0, s.ids)  # [R, d]: R rows for the whole batch
+            pool = rows.index_select(0, local.ids)  # [R, d]: R rows for the whole batch
             if self.cfg.precision == "fp32":  # gradients made in the forward pass: no recomputed logits
-                return shared_softmax_loss(u, pool, pos, s.ids, s.targets, logq)
-            lse = shared_lse(u, pool, s.ids, s.targets, logq, self.cfg.precision)  # [P]
+                return shared_softmax_loss(u, pool, pos, local.ids, local.targets, logq)
+            lse = shared_lse(u, pool, local.ids, local.targets, logq, self.cfg.precision)  # [P]
         else:
-            lse = per_token_lse(u, table, s.ids, s.targets, logq, self.cfg.precision)  # [P]
+            lse = per_token_lse(u, rows, local.ids, local.targets, logq, self.cfg.precision)  # [P]
         return sampled_softmax(pos, lse)
 
     def close(self) -> None:
