@@ -280,6 +280,23 @@ def test_local_ids_index_the_distinct_ids(targets, negatives, shared):
     assert all(torch.equal(getattr(by_mask, f), getattr(by_sort, f)) for f in ("distinct", "targets", "ids"))
 
 
+def test_a_sample_prepared_by_another_path_or_before_a_restore_is_refused():
+    targets = torch.tensor([3, 0, 5, 7])
+    user = F.normalize(torch.randn(4, 8), dim=-1)
+    table = Table(F.normalize(torch.randn(20, 8), dim=-1))
+    a, b = (build_negative_path(NegativesConfig(n_negatives=4), 20, seed=s) for s in (0, 1))
+    batch = make_batch([4], targets)
+    a.prepare(batch)
+    with pytest.raises(RuntimeError, match="prepared by another path"):
+        b.loss(user, table, batch)
+    a.prepare(batch)
+    a.load_state_dict(a.state_dict())
+    with pytest.raises(RuntimeError, match="before load_state_dict"):
+        a.loss(user, table, batch)
+    a.prepare(batch)  # prepared after the restore: taken (and removed from the batch)
+    assert torch.isfinite(a.loss(user, table, batch)) and "negatives" not in batch.attachments
+
+
 @settings(max_examples=25)
 @given(cases(), st.sampled_from(["fp16", "bf16"]))
 def test_half_precision_within_tolerance_of_fp32(case, precision):
