@@ -22,7 +22,7 @@ import torch
 from torch import Tensor
 
 from grlib.data.schema import FIRST_ITEM_ID
-from grlib.data.sequences import JaggedBatch
+from grlib.jagged import JaggedBatch
 
 KS = (1, 10, 50)
 
@@ -95,11 +95,11 @@ def split_repeat_fraction(data, max_len: int, splits: tuple[str, ...] = ("val", 
 
 
 def last_token_scores(model: torch.nn.Module) -> Callable[[JaggedBatch], Tensor]:
-    """Scores of a neural encoder: last token's vector . every item vector."""
+    """Scores of a neural encoder: last token's vector . every item vector (model.embed: an ItemTable)."""
     def score(batch: JaggedBatch) -> Tensor:
         h = model(batch)  # [T, d]
         last = h[batch.offsets[1:] - 1]  # [B, d] (eval sequences are never empty)
-        return last @ model.embed.item_table().T  # [B, V]
+        return model.embed.score_all(last)  # [B, V]
     return score
 
 

@@ -25,6 +25,7 @@ from grlib.data.catalog import load_dataset
 from grlib.model import build_model
 from grlib.negatives import build_negative_path
 from grlib.train import checkpoint, train
+from grlib.train.prefetch import PrefetchWorker
 
 SHRINK = {"data.dataset": "synthetic", "data.n_users": 120, "data.length_factor": 0.005, "data.n_items": 400,
           "data.max_len": 32, "data.min_item_count": 1, "model.n_layers": 1, "model.n_heads": 2,
@@ -86,14 +87,14 @@ def test_state_dict_is_the_state_as_of_the_next_batch(paper_small):
     batches = list(itertools.islice(ds.data.train_batches(16, cfg.data.max_len, np.random.default_rng(0)), 5))
     counts = ds.data.train_item_counts()
     path = build_negative_path(cfg.negatives, ds.data.n_items, counts, seed=3)
-    it = path.wrap(batches)
-    for _ in range(2):
-        b = next(it)
-        path._take(b)  # what loss() does first
-    state = path.state_dict()
-    b3 = next(it)
-    expected = path._take(b3).ids
-    path.close()
+    with PrefetchWorker(batches, path.prepare, depth=cfg.negatives.queue_depth) as worker:  # the prefetch schedule's
+        it = (batch for batch, _ in worker)
+        for _ in range(2):
+            b = next(it)
+            path._take(b)  # what loss() does first
+        state = path.state_dict()
+        b3 = next(it)
+        expected = path._take(b3).ids
     assert not torch.equal(state["generator"], path.generator.get_state())  # the worker had drawn ahead
 
     other = build_negative_path(cfg.negatives, ds.data.n_items, counts, seed=99)

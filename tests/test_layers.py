@@ -42,6 +42,7 @@ RULES = {
     "grlib.plots": "base",
     "grlib.progress": "base",
     "grlib.threads": "base",
+    "grlib.jagged": "base",
     # the log schema (column names, action bits, reserved item ids, DataError): a vocabulary with no
     # grlib import, read by the config's checks and by every layer above
     "grlib.data.schema": "base",

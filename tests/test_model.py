@@ -13,7 +13,8 @@ from hypothesis import strategies as st
 from grlib.config import ConfigError, ModelConfig, load_config
 from grlib.data.schema import FIRST_ITEM_ID
 from grlib.data.sequences import JaggedBatch
-from grlib.model import build_model, count_parameters, parameter_count, preset_parameters
+from grlib.model import (ItemTable, build_model, count_parameters, embedding_parameters, parameter_count,
+                         preset_parameters)
 from grlib.model.embeddings import time_gaps
 
 N_ITEMS = 40
@@ -71,6 +72,26 @@ def test_backward_reaches_every_parameter(name):
     m(batch).pow(2).sum().backward()
     missing = [n for n, p in m.named_parameters() if p.grad is None]
     assert not missing, f"no gradient for {missing}"
+
+
+@pytest.mark.parametrize("name", ["hstu", "sasrec"])
+def test_the_item_table_is_reached_through_its_interface(name):
+    """model.embed is an ItemTable: lookup gives the L2-normalised rows of the ids asked for,
+    score_all the dot products with every normalised row, sparse_parameters the item rows."""
+    m = model(name)
+    assert isinstance(m.embed, ItemTable)
+    weight = m.embed.items.weight  # [V, d]
+    ids = torch.tensor([5, 2, 39, 5])
+    rows = m.embed.lookup(ids)  # [4, 16]
+    torch.testing.assert_close(rows, weight[ids] / weight[ids].norm(dim=-1, keepdim=True))
+    user = torch.randn(3, 16)
+    table = weight / weight.norm(dim=-1, keepdim=True).clamp_min(1e-12)  # (the pad row is zero)
+    torch.testing.assert_close(m.embed.score_all(user), user @ table.T)
+    assert m.embed.score_all(user).shape == (3, N_ITEMS)
+    assert embedding_parameters(m) == m.embed.sparse_parameters() == [weight]
+    rows.sum().backward()  # only the rows looked up get a gradient
+    touched = weight.grad.ne(0).any(1).nonzero().squeeze(1).tolist()
+    assert touched == [2, 5, 39]
 
 
 def test_time_gaps_restart_per_sequence():

@@ -18,13 +18,13 @@ from grlib.negatives.samplers import (InBatchSampler, PopularitySampler, Uniform
 
 
 class Table:
-    """model.embed stand-in: item_table() returns a fixed tensor."""
+    """model.embed stand-in (an ItemTable): rows of a fixed tensor."""
 
     def __init__(self, table: torch.Tensor):
         self.table = table
 
-    def item_table(self) -> torch.Tensor:
-        return self.table
+    def lookup(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.table.index_select(0, ids)
 
 
 def make_batch(lengths: list[int], targets: torch.Tensor) -> JaggedBatch:
@@ -214,6 +214,87 @@ def test_path_matches_the_reference(case):
     torch.testing.assert_close(loss, ref.detach(), rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(gu, ru, rtol=1e-4, atol=1e-5)
     torch.testing.assert_close(gt, rt, rtol=1e-4, atol=1e-5)
+
+
+def _whole_table_loss(path, user, weight, sample):
+    """The loss scored against the whole normalised [V, d] table, in item-id space."""
+    from grlib.negatives.scoring import per_token_lse, sampled_softmax, shared_lse, shared_softmax_loss
+    cfg, table = path.cfg, F.normalize(weight, dim=-1)  # [V, d]
+    u = user.index_select(0, sample.keep) / cfg.temperature
+    pos = (u * table.index_select(0, sample.targets)).sum(-1)
+    if path.logq is not None:
+        pos = pos - path.logq[sample.targets]
+    if sample.shared:
+        pool = table.index_select(0, sample.ids)
+        if cfg.precision == "fp32":
+            return shared_softmax_loss(u, pool, pos, sample.ids, sample.targets, path.logq)
+        return sampled_softmax(pos, shared_lse(u, pool, sample.ids, sample.targets, path.logq, cfg.precision))
+    return sampled_softmax(pos, per_token_lse(u, table, sample.ids, sample.targets, path.logq, cfg.precision))
+
+
+@settings(max_examples=30, deadline=None)
+@given(cases(), st.sampled_from(["fp32", "fp16", "bf16"]))
+def test_distinct_rows_give_the_whole_table_numbers_bitwise(case, precision):
+    """The loss asks the item table for each distinct target / negative id once and normalises only
+    those rows; loss and gradients equal scoring against the whole normalised table, bit for bit."""
+    from grlib.model.embeddings import Embeddings
+    user, _, counts, batch = _inputs(case)
+    torch.manual_seed(case["seed"])
+    emb = Embeddings(case["V"], case["d"])
+    asked = []
+    lookup = emb.lookup
+    emb.lookup = lambda ids: (asked.append(ids.clone()), lookup(ids))[1]
+    cfg = NegativesConfig(sampler=case["sampler"], sharing=case["sharing"], n_negatives=case["R"], precision=precision)
+    path = build_negative_path(cfg, case["V"], counts, seed=case["seed"])
+    sample = path.sample(batch)
+    path.attach(batch, sample)
+    loss = path.loss(user, emb, batch)
+    got = torch.autograd.grad(loss, [user, emb.items.weight], allow_unused=True, materialize_grads=True)
+    ref = _whole_table_loss(path, user, emb.items.weight, sample)
+    expect = torch.autograd.grad(ref, [user, emb.items.weight], allow_unused=True, materialize_grads=True)
+    assert torch.equal(loss, ref) and all(torch.equal(a, b) for a, b in zip(got, expect))
+    wanted = torch.cat([sample.targets, sample.ids.reshape(-1).long()]).unique()
+    assert len(asked) == 1 and torch.equal(asked[0], wanted)  # each row once, nothing else
+
+
+@settings(max_examples=60)
+@given(st.lists(st.integers(0, 30), max_size=20), st.lists(st.integers(0, 30), max_size=30),
+       st.booleans())
+def test_local_ids_index_the_distinct_ids(targets, negatives, shared):
+    """Both ways of finding the distinct ids (a mask over the vocabulary, a sort for few ids of a large
+    one) give the same ascending ids, and the local ids index them back to the sample's ids."""
+    from grlib.negatives.path import LocalIds
+    t = torch.tensor(targets, dtype=torch.int64)
+    if shared:
+        ids = torch.tensor(negatives, dtype=torch.int64)
+    else:
+        row = (negatives or [2])[:3]  # R <= 3 negatives per token
+        ids = torch.tensor(row * len(targets), dtype=torch.int32).reshape(len(targets), len(row))
+    sample = NegativeSample(torch.arange(t.numel()), t, ids)
+    by_mask, by_sort = LocalIds.of(sample, 31), LocalIds.of(sample, 10**6)
+    assert by_sort.distinct.numel() * 8 < 10**6  # (the sort branch)
+    for local in (by_mask, by_sort):
+        assert torch.equal(local.distinct, torch.cat([t, ids.reshape(-1).long()]).unique())
+        assert torch.equal(local.distinct[local.targets], t) and torch.equal(local.distinct[local.ids.long()], ids.long())
+        assert local.ids.dtype == ids.dtype and local.ids.shape == ids.shape
+    assert all(torch.equal(getattr(by_mask, f), getattr(by_sort, f)) for f in ("distinct", "targets", "ids"))
+
+
+def test_a_sample_prepared_by_another_path_or_before_a_restore_is_refused():
+    targets = torch.tensor([3, 0, 5, 7])
+    user = F.normalize(torch.randn(4, 8), dim=-1)
+    table = Table(F.normalize(torch.randn(20, 8), dim=-1))
+    a, b = (build_negative_path(NegativesConfig(n_negatives=4), 20, seed=s) for s in (0, 1))
+    batch = make_batch([4], targets)
+    a.prepare(batch)
+    with pytest.raises(RuntimeError, match="prepared by another path"):
+        b.loss(user, table, batch)
+    a.prepare(batch)
+    a.load_state_dict(a.state_dict())
+    with pytest.raises(RuntimeError, match="before load_state_dict"):
+        a.loss(user, table, batch)
+    a.prepare(batch)  # prepared after the restore: taken (and removed from the batch)
+    assert torch.isfinite(a.loss(user, table, batch)) and "negatives" not in batch.attachments
 
 
 @settings(max_examples=25)

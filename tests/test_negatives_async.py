@@ -5,7 +5,9 @@ from __future__ import annotations
 import os
 import threading
 import time
+from contextlib import closing
 from itertools import islice
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -15,13 +17,14 @@ from grlib.config import load_config
 from grlib.data import catalog
 from grlib.data.sequences import SequenceData
 from grlib.model import build_model
-from grlib.negatives import NegativeSamplerError, PrefetchWorker, build_negative_path
+from grlib.negatives import build_negative_path
 from grlib.negatives.path import NegativePath
 from grlib.train import train
+from grlib.train.prefetch import PrefetchError, PrefetchSchedule, PrefetchWorker
 
 
 def _worker_threads() -> list[threading.Thread]:
-    return [t for t in threading.enumerate() if t.name.startswith("grlib-negatives")]
+    return [t for t in threading.enumerate() if t.name.startswith("grlib-prefetch")]
 
 
 @pytest.fixture
@@ -63,7 +66,7 @@ def test_async_training_is_identical_to_sync(smoke, monkeypatch, sharing, sample
 def test_worker_failure_surfaces_in_the_training_loop(smoke, monkeypatch):
     cfg, data = smoke
     calls = {"n": 0}
-    original = NegativePath._sample_with_state  # what the worker runs per batch
+    original = NegativePath._draw  # what the worker runs per batch (through prepare)
 
     def failing(self, batch):
         calls["n"] += 1
@@ -71,8 +74,8 @@ def test_worker_failure_surfaces_in_the_training_loop(smoke, monkeypatch):
             raise ValueError("sampler exploded")
         return original(self, batch)
 
-    monkeypatch.setattr(NegativePath, "_sample_with_state", failing)
-    with pytest.raises(NegativeSamplerError, match="batch 2: ValueError: sampler exploded") as err:
+    monkeypatch.setattr(NegativePath, "_draw", failing)
+    with pytest.raises(PrefetchError, match="batch 2: ValueError: sampler exploded") as err:
         _fit(cfg, data, async_sampling=True)
     assert isinstance(err.value.__cause__, ValueError)
     assert not _worker_threads()
@@ -85,7 +88,7 @@ def test_source_failure_surfaces():
 
     with PrefetchWorker(batches(), lambda b: b * 2) as worker:
         assert next(worker) == (1, 2)
-        with pytest.raises(NegativeSamplerError, match="OSError: disk gone"):
+        with pytest.raises(PrefetchError, match="OSError: disk gone"):
             next(worker)
     assert not _worker_threads()
 
@@ -111,19 +114,25 @@ def test_lookahead_is_bounded_and_close_stops_the_worker():
         next(worker)
 
 
-def test_dropping_the_wrapped_iterator_or_closing_the_path_stops_the_worker():
-    cfg = load_config("smoke", {"negatives.async_sampling": True})
+class _Pull:
+    """Stands in for TrainStep: a step pulls one batch and returns it; prepare does nothing."""
+
+    path = SimpleNamespace(prepare=lambda batch: None)
+
+    def __call__(self, feed):
+        return next(feed, None)
+
+
+def test_closing_the_schedules_steps_stops_the_worker():
     batch_list = [object() for _ in range(50)]
-    path = build_negative_path(cfg.negatives, 100)
-    path._sample_with_state = lambda b: (b, None)  # the iterator protocol only
-    it = path.wrap(iter(batch_list))
-    assert next(it) is batch_list[0]
-    it.close()  # e.g. the trainer stops early and the generator is dropped
+    steps = PrefetchSchedule(_Pull(), depth=2).run(batch_list)
+    assert next(steps) is batch_list[0]
+    steps.close()  # e.g. the trainer stops early (max_steps) and closes its steps
     assert not _worker_threads()
-    with build_negative_path(cfg.negatives, 100) as path:
-        path._sample_with_state = lambda b: (b, None)
-        it = path.wrap(iter(batch_list))
-        next(it)
+    with closing(PrefetchSchedule(_Pull(), depth=2).run(batch_list)) as steps:
+        assert [next(steps) for _ in range(3)] == batch_list[:3]
+    assert not _worker_threads()
+    assert list(PrefetchSchedule(_Pull(), depth=3).run(batch_list)) == batch_list  # to the end, in order
     assert not _worker_threads()
 
 

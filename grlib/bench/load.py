@@ -45,7 +45,7 @@ from grlib.config import config_from_args, load_config, parse_overrides
 from grlib.data.catalog import load_dataset
 from grlib.model import build_model
 from grlib.train import train
-from grlib.train.loop import PHASES
+from grlib.train.step import PHASES
 
 HOG_MARKER = "grlib-bench-load-hog"
 # Busy work that ends after argv[1] seconds, or as soon as the process that started it is gone; it

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import time
+from contextlib import closing
 
 import numpy as np
 import torch
@@ -24,8 +24,9 @@ from grlib.data.catalog import load_dataset
 from grlib.experiments.measure import median_ms
 from grlib.model import build_model, parameter_count
 from grlib.negatives import build_negative_path
-from grlib.train.loop import PHASES
 from grlib.train.optim import Optimizers
+from grlib.train.prefetch import build_schedule
+from grlib.train.step import PHASES, TrainStep
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -53,29 +54,17 @@ def _time_steps(cfg, data, batches, warmup: int) -> list[dict]:
     torch.manual_seed(cfg.train.seed)
     model = build_model(cfg.model, data.n_items, cfg.data.max_len)
     model.train()
-    opt = Optimizers(model, cfg.train)
     path = build_negative_path(cfg.negatives, data.n_items, data.train_item_counts(), seed=cfg.train.seed)
+    step = TrainStep(model, path, Optimizers(model, cfg.train))
     records = []
-    try:
-        for i, batch in enumerate(path.wrap(iter(batches))):
-            t = [time.perf_counter()]
-            user = model(batch)
-            t.append(time.perf_counter())
-            loss = path.loss(user, model.embed, batch)
-            t.append(time.perf_counter())
-            opt.zero_grad()
-            loss.backward()
-            t.append(time.perf_counter())
-            opt.step()
-            t.append(time.perf_counter())
+    with closing(build_schedule(step, cfg.negatives).run(batches)) as steps:
+        for i, out in enumerate(steps):
             if i >= warmup:
-                P = int((batch.targets > 0).sum())
-                records.append({"tokens": batch.item_ids.numel(), "flops": perf.batch_flops(batch.offsets, cfg.model),
+                P = int((out.batch.targets > 0).sum())
+                records.append({"tokens": out.batch.item_ids.numel(),
+                                "flops": perf.batch_flops(out.batch.offsets, cfg.model),
                                 "loss_flops": perf.loss_flops(P, cfg.negatives.n_negatives, cfg.model.d_model),
-                                "forward_s": t[1] - t[0], "loss_s": t[2] - t[1], "backward_s": t[3] - t[2],
-                                "optimizer_s": t[4] - t[3]})
-    finally:
-        path.close()
+                                **{f"{p}_s": out.seconds[p] for p in PHASES if p != "data"}})
     return records
 
 

@@ -1,4 +1,5 @@
-"""Raw log rows -> per-user sequences with leave-one-out splits, and their jagged batches.
+"""Raw log rows -> per-user sequences with leave-one-out splits, and their jagged batches
+(grlib.jagged.JaggedBatch).
 
 Sequences table (one row per user, parquet):
     user_id       int64
@@ -28,7 +29,6 @@ max_len events before val_pos and ends at test_pos (older and later events are n
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -36,6 +36,7 @@ import polars as pl
 import torch
 
 from grlib.data.schema import ACTION_BITS, FIRST_ITEM_ID, OOV_ID, action_mask_expr
+from grlib.jagged import JaggedBatch  # the batch type (re-exported: grlib.data.sequences.JaggedBatch)
 
 TARGETS = ("all", *ACTION_BITS)
 CONTEXTS = ("all", "targets")
@@ -118,24 +119,6 @@ def sequence_stats(seqs: pl.DataFrame, vocab: pl.DataFrame) -> dict[str, float |
     return {"users": seqs.height, "items": vocab.height, "events": int(lengths.sum()),
             "targets": int(seqs["is_target"].list.sum().sum()),
             "length_min": int(lengths.min() or 0), "length_max": int(lengths.max() or 0), **q}
-
-
-@dataclass
-class JaggedBatch:
-    """A batch of B sequences, T tokens in all (see grlib.ops.jagged for the layout)."""
-
-    item_ids: torch.Tensor  # [T] int64
-    actions: torch.Tensor  # [T] int64
-    timestamps: torch.Tensor  # [T] int64 seconds
-    offsets: torch.Tensor  # [B+1] int64
-    max_len: int
-    targets: torch.Tensor  # [T] int64 next item to predict after each token, 0 = none (train)
-    eval_targets: torch.Tensor | None = None  # [B] item to predict after the last token (val/test)
-    history: list[np.ndarray] | None = None  # per user: item ids seen before the eval target
-
-    @property
-    def batch_size(self) -> int:
-        return self.offsets.numel() - 1
 
 
 def ranges_to_index(starts: np.ndarray, ends: np.ndarray) -> np.ndarray:

@@ -6,8 +6,8 @@ the dataset catalogue, grlib.data.catalog: the scale's synthetic twin, MovieLens
 neither on disk nor downloadable is skipped with a note) and each variant of NegativesAblation
 (see `variants`), one row:
 
-  step_ms        median wall time of a full training step (model forward, path.loss, backward,
-                 AdamW step), measured as the interval between consecutive step ends, so waiting
+  step_ms        median wall time of the trainer's step (grlib.train.step: model forward, path.loss,
+                 backward, the trainer's optimizers), measured as the interval between consecutive step ends, so waiting
                  for the async worker counts; every variant runs the same fixed batches, in
                  interleaved rounds (the first step of each round is dropped as warm-up)
   neg_path_mb    peak memory of the negative path: sampling + path.loss forward + backward on the
@@ -32,7 +32,7 @@ import dataclasses
 import math
 import statistics
 import time
-from collections.abc import Iterator
+from contextlib import closing
 from dataclasses import dataclass
 from itertools import islice
 
@@ -52,6 +52,9 @@ from grlib.experiments import claims
 from grlib.negatives.memory import peak_bytes
 from grlib.negatives.path import build_negative_path, sample_stats
 from grlib.progress import progress
+from grlib.train.optim import Optimizers
+from grlib.train.prefetch import build_schedule
+from grlib.train.step import TrainStep
 
 TABLE = "negatives"
 
@@ -152,13 +155,13 @@ def variants(ab: NegativesAblation) -> list[Variant]:
 
 
 class _Table:
-    """Stands in for model.embed in the memory measurement: a fixed normalised item table."""
+    """Stands in for model.embed (an ItemTable) in the memory measurement: a fixed normalised table."""
 
     def __init__(self, table: torch.Tensor):
         self.table = table
 
-    def item_table(self) -> torch.Tensor:
-        return self.table
+    def lookup(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.table.index_select(0, ids)
 
 
 def fixed_batches(data: SequenceData, cfg: Config, n: int, seed: int = 0) -> list[JaggedBatch]:
@@ -197,21 +200,16 @@ def measure_stats(v: Variant, cfg: Config, data: SequenceData, batches: list[Jag
 
 def _round(v: Variant, runner: dict, batches: list[JaggedBatch]) -> list[float]:
     """One timed pass of `batches` through a variant: step intervals in ms, the first one dropped."""
-    model, opt, path = runner["model"], runner["opt"], runner["path"]
+    step = TrainStep(runner["model"], runner["path"], runner["opt"])  # the trainer's step and optimizers
     if v.sampling == "presampled":
         for b in batches:
-            path.attach(b, path.sample(b))
-    it: Iterator[JaggedBatch] = path.wrap(batches) if v.sampling == "async" else iter(batches)
+            step.path.prepare(b)
     intervals, last = [], time.perf_counter()
-    for b in it:
-        loss = path.loss(model(b), model.embed, b)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
-        now = time.perf_counter()
-        intervals.append((now - last) * 1e3)
-        last = now
-    path.close()
+    with closing(build_schedule(step, step.path.cfg).run(batches)) as steps:  # async: the prefetch schedule
+        for _ in steps:
+            now = time.perf_counter()
+            intervals.append((now - last) * 1e3)
+            last = now
     return intervals[1:]
 
 
@@ -226,7 +224,7 @@ def measure_step_times(vs: list[Variant], cfg: Config, data: SequenceData, batch
         torch.manual_seed(seed)
         model = build_model(cfg.model, data.n_items)
         model.train()
-        runners[v.name] = {"model": model, "opt": torch.optim.AdamW(model.parameters(), lr=cfg.train.lr),
+        runners[v.name] = {"model": model, "opt": Optimizers(model, cfg.train),
                            "path": build_negative_path(v.negatives(cfg.negatives), data.n_items, counts, seed)}
     times: dict[str, list[float]] = {v.name: [] for v in vs}
     for r in progress(range(rounds), desc="timing rounds"):

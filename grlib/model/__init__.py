@@ -2,13 +2,13 @@
 
     model = build_model(cfg.model, data.n_items, cfg.data.max_len)
     user = model(batch)                      # [T, d], L2-normalised, one vector per token
-    scores = user @ model.embed.item_table().T
+    scores = model.embed.score_all(user[last])  # [B, V]: the item table through ItemTable
 """
 from grlib.model.build import (ParameterCount, build_model, count_parameters, parameter_count,
                                preset_parameters)
-from grlib.model.embeddings import Embeddings, embedding_parameters
+from grlib.model.embeddings import Embeddings, ItemTable, embedding_parameters
 from grlib.model.hstu import HSTU, HSTULayer
 from grlib.model.sasrec import SASRec
 
-__all__ = ["HSTU", "HSTULayer", "SASRec", "Embeddings", "ParameterCount", "build_model", "count_parameters",
-           "embedding_parameters", "parameter_count", "preset_parameters"]
+__all__ = ["HSTU", "HSTULayer", "SASRec", "Embeddings", "ItemTable", "ParameterCount", "build_model",
+           "count_parameters", "embedding_parameters", "parameter_count", "preset_parameters"]

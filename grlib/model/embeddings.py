@@ -3,19 +3,27 @@
 token embedding = sqrt(d) * item[id] + action[bitmask] + gap[log2 bucket of seconds since the
 user's previous event]   (the sqrt(d) scale follows HSTU's public input preprocessor)
 
-The item table also scores: `item_table()` is the L2-normalised [V, d] table the loss and the
-evaluation take dot products with (HSTU public practice: normalised embeddings, temperature).
+The item table also scores (HSTU public practice: L2-normalised embeddings, temperature). The loss
+and the evaluation reach it only through the ItemTable interface, the seam where a row-sharded
+table plugs in:
+
+    lookup(ids)         [N] distinct ids -> [N, d] their L2-normalised rows (differentiable); only
+                        these rows are normalised (the loss looks each row up once per step,
+                        grlib.negatives.path)
+    score_all(user)     [B, d] -> [B, V] dot products with every normalised row (full ranking)
+    sparse_parameters() the row-wise tables (lazy Adam, grlib.train.optim)
 """
 from __future__ import annotations
 
 import math
+from typing import Protocol, runtime_checkable
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from grlib.data.schema import N_ACTION_CODES, PAD_ID
-from grlib.data.sequences import JaggedBatch
+from grlib.jagged import JaggedBatch
 from grlib.ops.attention import time_buckets
 
 N_GAP_BUCKETS = 32  # log2 buckets of the gap in seconds: 2**31 s is beyond any log
@@ -30,8 +38,19 @@ def time_gaps(timestamps: Tensor, offsets: Tensor) -> Tensor:
     return gaps
 
 
+@runtime_checkable
+class ItemTable(Protocol):
+    """The item embeddings as the loss and the evaluation see them (module doc)."""
+
+    def lookup(self, ids: Tensor) -> Tensor: ...  # [N] -> [N, d], L2-normalised rows
+
+    def score_all(self, user: Tensor) -> Tensor: ...  # [B, d] -> [B, V]
+
+    def sparse_parameters(self) -> list[nn.Parameter]: ...
+
+
 class Embeddings(nn.Module):
-    """[T] ids, actions, timestamps -> [T, d]."""
+    """[T] ids, actions, timestamps -> [T, d]; the item table behind ItemTable."""
 
     def __init__(self, n_items: int, d: int):
         super().__init__()
@@ -49,13 +68,16 @@ class Embeddings(nn.Module):
         return (self.items(batch.item_ids) * math.sqrt(self.d) + self.actions(batch.actions)
                 + self.gaps(gap))
 
-    def item_table(self) -> Tensor:  # [V, d], L2-normalised rows
-        return F.normalize(self.items.weight, dim=-1)
-
-    def item_vectors(self, ids: Tensor) -> Tensor:  # [*] ids -> [*, d], L2-normalised
+    def lookup(self, ids: Tensor) -> Tensor:  # [N] ids -> [N, d], L2-normalised
         return F.normalize(self.items(ids), dim=-1)
+
+    def score_all(self, user: Tensor) -> Tensor:  # [B, d] -> [B, V]
+        return user @ F.normalize(self.items.weight, dim=-1).T
+
+    def sparse_parameters(self) -> list[nn.Parameter]:
+        return [self.items.weight]
 
 
 def embedding_parameters(module: nn.Module) -> list[nn.Parameter]:
-    """The sparse (per-row) tables of a model: its item embedding rows."""
-    return [m.items.weight for m in module.modules() if isinstance(m, Embeddings)]
+    """The sparse (per-row) tables of a model: those of its item tables."""
+    return [p for m in module.modules() if isinstance(m, ItemTable) for p in m.sparse_parameters()]

@@ -22,7 +22,7 @@ from torch import Tensor, nn
 
 from grlib import ops
 from grlib.config import ModelConfig
-from grlib.data.sequences import JaggedBatch
+from grlib.jagged import JaggedBatch
 from grlib.model.dropout import FastDropout
 from grlib.model.embeddings import Embeddings
 

@@ -12,7 +12,7 @@ from torch import Tensor, nn
 
 from grlib import ops
 from grlib.config import ModelConfig
-from grlib.data.sequences import JaggedBatch
+from grlib.jagged import JaggedBatch
 from grlib.model.embeddings import Embeddings
 
 FFN_MULT = 1  # point-wise feed-forward width = FFN_MULT * d (SASRec: d)

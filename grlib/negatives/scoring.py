@@ -2,7 +2,9 @@
 
 Notation: P = valid target tokens of the jagged batch (the jagged layout has no padded rows, and
 tokens without a next-item target are dropped before scoring), R = negatives, d = embedding size,
-V = vocabulary. u = the P tokens' vectors already divided by the temperature.
+V = rows of the table E that ids, targets and logQ index. u = the P tokens' vectors already
+divided by the temperature. The negative path passes the batch's distinct looked-up rows as E and
+ids local to them (grlib.negatives.path); any table indexed consistently gives the same numbers.
 
 per-token   logit[p, r] = u[p] . E[ids[p, r]]      ids [P, R]: P*R embedding rows looked up
 shared      logit[p, r] = u[p] . E[pool[r]]        pool [R]: R rows looked up, a [P, d] x [d, R] GEMM

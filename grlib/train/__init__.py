@@ -3,10 +3,12 @@
     from grlib.train import train, TrainResult
     result = train(model, data, cfg.train, cfg.data.max_len, cfg.negatives, validate=..., checkpoint_dir=...)
 
-Modules: `loop` (the loop, timeline, model selection), `optim` (AdamW + lazy row-wise Adam for
-embeddings, warm-up, clipping), `checkpoint` (atomic checkpoints, exact resume), `cli`
-(`python -m grlib train`).
+Modules: `step` (the one training step: data, forward, loss, backward, optimizer), `prefetch`
+(schedules around the step: sync, or negatives prepared ahead by a worker thread), `loop` (epochs,
+timeline, model selection), `optim` (AdamW + lazy row-wise Adam for embeddings, warm-up,
+clipping), `checkpoint` (atomic checkpoints, exact resume), `cli` (`python -m grlib train`).
 """
-from grlib.train.loop import PHASES, TrainResult, train
+from grlib.train.loop import TrainResult, train
+from grlib.train.step import PHASES, StepResult, TrainStep
 
-__all__ = ["PHASES", "TrainResult", "train"]
+__all__ = ["PHASES", "StepResult", "TrainResult", "TrainStep", "train"]

@@ -1,4 +1,5 @@
-"""The training loop: jagged batches -> encoder -> negative path loss -> optimizers.
+"""The training loop: epochs of jagged batches through the one training step (grlib.train.step),
+run by the schedule the negatives config asks for (grlib.train.prefetch: sync or prefetch).
 
     result = train(model, data, cfg.train, cfg.data.max_len, cfg.negatives,
                    validate=fn, checkpoint_dir=dir, checkpoint_every=100)
@@ -15,8 +16,8 @@ from __future__ import annotations
 
 import itertools
 import sys
-import time
 from collections.abc import Callable
+from contextlib import closing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -27,13 +28,15 @@ import torch
 from torch import nn
 
 from grlib.config import NegativesConfig, TrainConfig
-from grlib.data.sequences import JaggedBatch, SequenceData
+from grlib.data.sequences import SequenceData
+from grlib.jagged import JaggedBatch
 from grlib.negatives import build_negative_path
 from grlib.progress import bar
 from grlib.train import checkpoint
 from grlib.train.optim import Optimizers
+from grlib.train.prefetch import build_schedule
+from grlib.train.step import PHASES, StepResult, TrainStep
 
-PHASES = ("data", "forward", "loss", "backward", "optimizer")
 SELECT_METRIC = "ndcg@10"
 
 
@@ -91,20 +94,18 @@ def train(model: nn.Module, data: SequenceData, cfg: TrainConfig, max_len: int, 
     per_epoch = data.n_train_batches(cfg.batch_size)
     total = cfg.epochs * per_epoch if not cfg.max_steps else min(cfg.epochs * per_epoch, cfg.max_steps)
     save = (lambda: checkpoint.save(ckpt, _snapshot(model, opt, path, pos, result, best, run))) if ckpt else None
+    schedule = build_schedule(TrainStep(model, path, opt), negatives)
     model.train()
-    try:
-        with bar(total, desc="train", initial=pos.step) as pbar:
-            while pos.epoch < cfg.epochs and pos.step < total:
-                if pos.batch == 0:
-                    pos.epoch_rng = rng.bit_generator.state
-                rng.bit_generator.state = pos.epoch_rng
-                raw = itertools.islice(data.train_batches(cfg.batch_size, max_len, rng), pos.batch, None)
-                batches = iter(path.wrap(raw))
-                while pos.step < total:
-                    record = _step(model, opt, path, batches, flops_fn)
-                    if record is None:
-                        break
+    with bar(total, desc="train", initial=pos.step) as pbar:
+        while pos.epoch < cfg.epochs and pos.step < total:
+            if pos.batch == 0:
+                pos.epoch_rng = rng.bit_generator.state
+            rng.bit_generator.state = pos.epoch_rng
+            raw = itertools.islice(data.train_batches(cfg.batch_size, max_len, rng), pos.batch, None)
+            with closing(schedule.run(raw)) as steps:
+                for out in steps:
                     pos.step, pos.batch = pos.step + 1, pos.batch + 1
+                    record = _record(out, flops_fn)
                     record.update(step=pos.step, epoch=pos.epoch)
                     result.timeline.append(record)
                     result.losses.append(record["loss"])
@@ -114,13 +115,13 @@ def train(model: nn.Module, data: SequenceData, cfg: TrainConfig, max_len: int, 
                     pbar.update(1)
                     if save and checkpoint_every and pos.step % checkpoint_every == 0:
                         save()
-                if pos.batch >= per_epoch or pos.step >= total:  # the epoch is over, or cut by max_steps
-                    # a cut epoch keeps its position, so a resume with a larger max_steps continues it
-                    _end_epoch(model, validate, cfg, pos, result, best, advance=pos.batch >= per_epoch)
-                    if save:
-                        save()
-    finally:
-        path.close()
+                    if pos.step >= total:
+                        break
+            if pos.batch >= per_epoch or pos.step >= total:  # the epoch is over, or cut by max_steps
+                # a cut epoch keeps its position, so a resume with a larger max_steps continues it
+                _end_epoch(model, validate, cfg, pos, result, best, advance=pos.batch >= per_epoch)
+                if save:
+                    save()
     if cfg.select_best and best["state"] is not None:
         model.load_state_dict(best["state"])
     result.steps = pos.step
@@ -128,26 +129,13 @@ def train(model: nn.Module, data: SequenceData, cfg: TrainConfig, max_len: int, 
     return result
 
 
-def _step(model: nn.Module, opt: Optimizers, path: Any, batches, flops_fn) -> dict[str, float] | None:
-    t0 = time.perf_counter()
-    batch = next(batches, None)
-    if batch is None:
-        return None
-    t1 = time.perf_counter()
-    user = model(batch)  # [T, d]
-    t2 = time.perf_counter()
-    loss = path.loss(user, model.embed, batch)
-    t3 = time.perf_counter()
-    opt.zero_grad()
-    loss.backward()
-    t4 = time.perf_counter()
-    grad_norm = opt.step()
-    t5 = time.perf_counter()
-    return {"loss": float(loss.detach()), "lr": opt.lr, "grad_norm": grad_norm,
+def _record(out: StepResult, flops_fn: Callable[[JaggedBatch], float] | None) -> dict[str, float]:
+    """The timeline row of one step."""
+    batch = out.batch
+    return {"loss": out.loss, "lr": out.lr, "grad_norm": out.grad_norm,
             "tokens": int(batch.item_ids.numel()), "targets": int((batch.targets > 0).sum()),
             "flops": float(flops_fn(batch)) if flops_fn else float("nan"),
-            "data_s": t1 - t0, "forward_s": t2 - t1, "loss_s": t3 - t2, "backward_s": t4 - t3,
-            "optimizer_s": t5 - t4}
+            **{f"{p}_s": out.seconds[p] for p in PHASES}}
 
 
 def _end_epoch(model, validate, cfg: TrainConfig, pos: _Position, result: TrainResult, best: dict,
