@@ -15,7 +15,6 @@ train and negatives settings; otherwise it stops with one line naming what diffe
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import math
 from pathlib import Path
@@ -50,10 +49,8 @@ def run_cli(args: argparse.Namespace) -> int:
     from grlib import perf, results
     from grlib.config import load_config
     from grlib.data.catalog import load_dataset
-    from grlib.evaluate import evaluate, last_token_scores, popularity_scores
-    from grlib.model import build_model, parameter_count
+    from grlib.experiments.train_stage import fit_and_evaluate
     from grlib.results import atomic_write_bytes
-    from grlib.train import train
 
     if args.params_only:
         import polars as pl
@@ -71,31 +68,11 @@ def run_cli(args: argparse.Namespace) -> int:
         overrides["train.max_steps"] = args.max_steps
     cfg = load_config(args.scale, overrides)
     ds = load_dataset(cfg, args.dataset)
-    data, max_len, bs = ds.data, cfg.data.max_len, cfg.train.eval_batch_size
-    out = {"scale": cfg.scale, "dataset": ds.name, "model": args.model, "seed": cfg.train.seed,
-           "mask_history": ds.mask_history}
+    peak = perf.peak_flops() if args.model != "popularity" else None  # measured in this run, before training
+    fit = fit_and_evaluate(cfg, ds, peak, checkpoint_dir=args.checkpoint_dir, checkpoint_every=args.checkpoint_every)
+    out = {"scale": cfg.scale, "dataset": ds.name, "model": args.model, "seed": cfg.train.seed, **fit.row}
     if args.model == "popularity":
-        score, fit = popularity_scores(data.train_item_counts()), None
-        out.update(params=0, tokens_per_s=0.0, mfu=None, steps=0)
-    else:
-        import torch
-
-        torch.manual_seed(cfg.train.seed)
-        model = build_model(cfg.model, data.n_items, max_len)
-        val = lambda m: evaluate(last_token_scores(m), data.eval_batches("val", bs, max_len), ds.mask_history)  # noqa: E731
-        fit = train(model, data, cfg.train, max_len, cfg.negatives, validate=val,
-                    flops_fn=lambda b: perf.batch_flops(b.offsets, cfg.model),
-                    checkpoint_dir=args.checkpoint_dir, checkpoint_every=args.checkpoint_every,
-                    identity=resume_identity(cfg, ds.name))
-        score = last_token_scores(model)
-        useful = sum(r["flops"] for r in fit.timeline)
-        out.update(params=parameter_count(model).total, tokens_per_s=fit.tokens_per_s, steps=fit.steps,
-                   resumed_from=fit.resumed_from,
-                   mfu=perf.mfu(useful, fit.seconds, perf.peak_flops()) if fit.seconds else None,
-                   final_loss=fit.losses[-1] if fit.losses else None)
-    for split in ("val", "test"):
-        m = evaluate(score, data.eval_batches(split, bs, max_len), ds.mask_history)
-        out.update({f"{split}_{k}": v for k, v in m.items()})
+        out.update(mfu=None)
     out.update({k: out[f"test_{k}"] for k in ("ndcg@10", "hr@10", "mrr")})
     print("  ".join(f"{k}={_fmt(out[k])}" for k in ("dataset", "model", "seed", "steps", *KEYS)))
     with results.adhoc(not args.record) as sink:
@@ -103,18 +80,9 @@ def run_cli(args: argparse.Namespace) -> int:
     print(sink.note())
     if args.json:
         atomic_write_bytes(Path(args.json), (json.dumps(out, indent=2) + "\n").encode())
-    if args.losses and fit is not None:
+    if args.losses and args.model != "popularity":
         atomic_write_bytes(Path(args.losses), (json.dumps(fit.losses) + "\n").encode())
     return 0
-
-
-def resume_identity(cfg, dataset: str) -> dict:
-    """The settings a checkpoint must share to be resumed (besides train.* and negatives.*, which the
-    loop checks): the dataset, the data settings and the model (any attention implementation: they
-    compute the same function)."""
-    data = {k: v for k, v in dataclasses.asdict(cfg.data).items() if k != "bucket_rows"}
-    model = {k: v for k, v in dataclasses.asdict(cfg.model).items() if k != "attention_impl"}
-    return {"dataset": dataset, "data": data, "model": model}
 
 
 def _fmt(v) -> str:

@@ -9,8 +9,10 @@ in the metrics JSON), never replaced.
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
+from dataclasses import dataclass, field
 
 import altair as alt
 import polars as pl
@@ -26,22 +28,37 @@ from grlib.model import build_model, parameter_count
 from grlib.train import train
 
 
-def run_one(cfg: Config, ds: Dataset, peak: float | None = None) -> tuple[dict, list[dict]]:
-    """Trains cfg.model.name with cfg.train.seed on ds; returns (result row, learning-curve rows)."""
+@dataclass
+class Fit:
+    """What fit_and_evaluate returns: the result row, the learning-curve rows, every step's loss."""
+
+    row: dict
+    curve: list[dict] = field(default_factory=list)
+    losses: list[float] = field(default_factory=list)
+
+
+def fit_and_evaluate(cfg: Config, ds: Dataset, peak: float | None = None, *, checkpoint_dir: str | None = None,
+                     checkpoint_every: int = 0) -> Fit:
+    """Trains cfg.model.name with cfg.train.seed on ds (validating every epoch, keeping the best epoch
+    when cfg.train.select_best), then evaluates validation and test by full ranking. The one fit
+    and evaluate of the train stage and `python -m grlib train` (which adds checkpoints: a run
+    resumes only from a checkpoint of the same dataset, data and model settings)."""
     max_len, bs, data = cfg.data.max_len, cfg.train.eval_batch_size, ds.data
     val = lambda score: evaluate(score, data.eval_batches("val", bs, max_len), ds.mask_history)  # noqa: E731
     curve: list[dict] = []
+    fit = None
     if cfg.model.name == "popularity":
         score = popularity_scores(data.train_item_counts())
         row = {"params": 0, "params_dense": 0, "steps": 0, "best_epoch": -1, "train_s": 0.0, "tokens_per_s": 0.0,
-               "mfu": float("nan"), "attention_impl": "", "final_loss": float("nan")}
+               "mfu": float("nan"), "attention_impl": "", "final_loss": float("nan"), "resumed_from": 0}
     else:
         torch.manual_seed(cfg.train.seed)
         model = build_model(cfg.model, data.n_items, max_len)
         flops = lambda batch: perf.batch_flops(batch.offsets, cfg.model)  # noqa: E731
         start = time.perf_counter()
         fit = train(model, data, cfg.train, max_len, cfg.negatives, validate=lambda m: val(last_token_scores(m)),
-                    flops_fn=flops)
+                    flops_fn=flops, checkpoint_dir=checkpoint_dir, checkpoint_every=checkpoint_every,
+                    identity=resume_identity(cfg, ds.name) if checkpoint_dir else None)
         wall = time.perf_counter() - start
         score = last_token_scores(model)
         count = parameter_count(model)
@@ -50,18 +67,27 @@ def run_one(cfg: Config, ds: Dataset, peak: float | None = None) -> tuple[dict, 
                "train_s": wall, "tokens_per_s": fit.tokens_per_s,
                "mfu": perf.mfu(useful, fit.seconds, peak) if peak and fit.seconds else float("nan"),
                "attention_impl": model.attention_impl() if cfg.model.name == "hstu" else "torch-sdpa",
-               "final_loss": fit.losses[-1] if fit.losses else float("nan")}
+               "final_loss": fit.losses[-1] if fit.losses else float("nan"), "resumed_from": fit.resumed_from}
         curve = [{"step": r["step"], "epoch": r["epoch"], "loss": r["loss"]} for r in fit.timeline]
         curve += [{"step": h["step"], "epoch": h["epoch"], "val_ndcg@10": h["ndcg@10"]} for h in fit.val_history]
-    if curve and cfg.train.select_best and fit.best_epoch >= 0:  # the restored best epoch's validation
-        v = {k: x for k, x in fit.val_history[[h["epoch"] for h in fit.val_history].index(fit.best_epoch)].items()
-             if k not in ("epoch", "step")}
+    best = [h for h in (fit.val_history if fit else []) if h["epoch"] == fit.best_epoch]
+    if cfg.train.select_best and best:  # the restored best epoch's validation
+        v = {k: x for k, x in best[0].items() if k not in ("epoch", "step")}
     else:
         v = val(score)
     t = evaluate(score, data.eval_batches("test", bs, max_len), ds.mask_history)
     row.update(mask_history=ds.mask_history, repeat_fraction=ds.repeat_fraction,
                **{f"val_{k}": x for k, x in v.items()}, **{f"test_{k}": x for k, x in t.items()})
-    return row, curve
+    return Fit(row, curve, list(fit.losses) if fit else [])
+
+
+def resume_identity(cfg: Config, dataset: str) -> dict:
+    """The settings a checkpoint must share to be resumed (besides train.* and negatives.*, which the
+    loop checks): the dataset, the data settings and the model (any attention implementation: they
+    compute the same function)."""
+    data = {k: v for k, v in dataclasses.asdict(cfg.data).items() if k != "bucket_rows"}
+    model = {k: v for k, v in dataclasses.asdict(cfg.model).items() if k != "attention_impl"}
+    return {"dataset": dataset, "data": data, "model": model}
 
 
 def run(cfg: Config, ablation: TrainAblation) -> dict:
@@ -82,10 +108,10 @@ def run(cfg: Config, ablation: TrainAblation) -> dict:
             for seed in ablation.seeds:
                 run_cfg = cfg.replace({"model.name": model, "train.seed": seed,
                                        "train.max_steps": step_budget(cfg.train.max_steps, cap)})
-                row, curve = run_one(run_cfg, ds, peak)
+                fit = fit_and_evaluate(run_cfg, ds, peak)
                 key = {"dataset": ds.name, "model": model, "seed": seed}
-                rows.append({**key, **row})
-                curves += [{**key, **c} for c in curve]
+                rows.append({**key, **{k: v for k, v in fit.row.items() if k != "resumed_from"}})
+                curves += [{**key, **c} for c in fit.curve]
     if not rows:
         raise FileNotFoundError(f"no dataset of ablations.train.datasets could be loaded: {skipped}")
     table = results.append_rows("train", rows, cfg)
