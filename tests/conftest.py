@@ -14,6 +14,8 @@ import grlib  # noqa: F401  (first: sets the OpenMP wait policy before torch loa
 
 settings.register_profile("grlib", deadline=None, max_examples=60,
                           suppress_health_check=[HealthCheck.too_slow])
+# HYPOTHESIS_PROFILE=thorough: many more random cases, for a property test under suspicion
+settings.register_profile("thorough", parent=settings.get_profile("grlib"), max_examples=2000)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "grlib"))
 
 

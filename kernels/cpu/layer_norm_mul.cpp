@@ -109,7 +109,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> layer_norm_mul_bwd(
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, x.scalar_type(), "layer_norm_mul_backward", [&] {
     using T = at::opmath_type<scalar_t>;
     const auto w = weight.to(acc_type).contiguous(), b = bias.to(acc_type).contiguous();
-    const T *pw = w.data_ptr<T>(), *pb = b.data_ptr<T>(), *pm = mean.data_ptr<T>(), *pr = rstd.data_ptr<T>();
+    const T *pw = w.data_ptr<T>(), *pb = b.data_ptr<T>(), *pr = rstd.data_ptr<T>();
     const scalar_t *px = x.data_ptr<scalar_t>(), *pu = u.data_ptr<scalar_t>(), *pg = g.data_ptr<scalar_t>();
     scalar_t *pdx = dx.data_ptr<scalar_t>(), *pdu = du.data_ptr<scalar_t>();
     double* pp = partial.data_ptr<double>();
@@ -119,12 +119,17 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> layer_norm_mul_bwd(
         double *dw = pp + c * 2 * d, *db = dw + d;
         for (int64_t r = c * GRAIN; r < std::min(N, (c + 1) * GRAIN); ++r) {
           const scalar_t *xr = px + r * d, *ur = pu + r * d, *gr = pg + r * d;
-          const T m = pm[r], rs = pr[r];
+          // the row mean again in double: x - mean loses digits for rows far from zero mean when
+          // the mean is rounded to float first, and dweight sums those errors over every row
+          const double md = lane_sum(d, [&](int64_t e) { return static_cast<double>(xr[e]); }) / d;
+          const double rs_d = static_cast<double>(pr[r]);
+          const T rs = pr[r];
           for (int64_t e = 0; e < d; ++e) {
-            const T xh = (static_cast<T>(xr[e]) - m) * rs, gv = static_cast<T>(gr[e]);
+            const double xhd = (static_cast<double>(xr[e]) - md) * rs_d;
+            const T xh = static_cast<T>(xhd), gv = static_cast<T>(gr[e]);
             const T gl = gv * static_cast<T>(ur[e]);  // dL/d LayerNorm(x)
             pdu[r * d + e] = static_cast<scalar_t>(gv * (xh * pw[e] + pb[e]));
-            dw[e] += gl * xh;
+            dw[e] += static_cast<double>(gl) * xhd;
             db[e] += gl;
             xhat[e] = xh;
             dxhat[e] = gl * pw[e];
