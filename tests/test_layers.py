@@ -2,7 +2,7 @@
 
     faces        the command line (grlib.cli, python -m grlib) and the benchmarks (grlib.bench)
     experiments  one module per notebook, each owning its method (grlib.experiments)
-    library      data, model, ops, negatives, train, perf, evaluate (and the compiled grlib._C)
+    library      data, model, ops, negatives, train, perf, evaluate, dist, sim (and the compiled grlib._C)
     base         config, paths, io, results, manifest, plots, progress, threads, the log schema
 
 Every import of every grlib module is read with ast (module level and inside functions, `import x`
@@ -33,6 +33,8 @@ RULES = {
     "grlib.train": "library",
     "grlib.perf": "library",
     "grlib.evaluate": "library",
+    "grlib.dist": "library",  # torch.distributed runtime, balancers, data-parallel step
+    "grlib.sim": "library",  # cluster-scale models (balancing, communication)
     "grlib._C": "library",  # the compiled kernels (kernels/cpu), loaded by grlib.ops and grlib.train
     "grlib.config": "base",
     "grlib.paths": "base",

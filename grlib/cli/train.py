@@ -3,6 +3,14 @@
     python -m grlib train --scale smoke --dataset ml-100k --model hstu --json out.json
     python -m grlib train --scale laptop --model sasrec --seed 1 --checkpoint-dir ckpt --checkpoint-every 50
     python -m grlib train --params-only            # parameters of every scale's HSTU (paper: ~0.2B dense)
+    python -m grlib train --scale smoke --world 2 --balance kk     # 2 data-parallel ranks (gloo on CPU)
+    torchrun --nnodes N --nproc-per-node L -m grlib train --scale S --balance kk   # N nodes x L devices
+
+Data parallel (grlib.dist.data_parallel): --world N starts N processes here (one intra-op thread
+each on CPU); under torchrun the world comes from its environment (nccl on CUDA, hccl on Ascend,
+gloo on CPU). Every rank trains its share of the same global batches, so the losses are those of
+one process (within float summation order); only rank 0 prints and writes the row, which records
+world, nodes and the balancer.
 
 The data comes from the dataset catalogue (grlib.data.catalog): with data.* overrides (e.g.
 -o data.max_len=64) it is prepared once into a folder of its own; the scale's stays as it is.
@@ -17,9 +25,10 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 from pathlib import Path
 
-from grlib.config import parse_overrides
+from grlib.config import ConfigError, DistConfig, choices, parse_overrides
 
 KEYS = ("ndcg@10", "hr@10", "mrr", "params", "tokens_per_s", "mfu")
 
@@ -40,6 +49,14 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--json", default=None, help="write the metrics as JSON to this path")
     p.add_argument("--record", action="store_true",
                    help="append the row to the committed results/tables/ (default: results/adhoc/tables/)")
+    p.add_argument("--world", type=int, default=1, help="data-parallel ranks to start here (default 1)")
+    p.add_argument("--nodes", type=int, default=1, help="nodes the ranks act as (LOCAL_WORLD_SIZE = world / nodes)")
+    p.add_argument("--balance", default="none", choices=choices.BALANCERS,
+                   help="how the global batch's sequences go to ranks (none: contiguous split)")
+    p.add_argument("--cost", default="flops", choices=choices.BALANCE_COSTS, help="the cost the balancer evens out")
+    p.add_argument("--backend", default="auto", choices=choices.BACKENDS, help="torch.distributed backend")
+    p.add_argument("--static-plan", action="store_true",
+                   help="plan each step inline (default: step i+1's assignment is planned while step i runs)")
     p.add_argument("--params-only", action="store_true",
                    help="only print every scale's parameter counts (meta device, no data, no training)")
     p.set_defaults(func=run_cli)
@@ -67,10 +84,19 @@ def run_cli(args: argparse.Namespace) -> int:
     if args.max_steps is not None:
         overrides["train.max_steps"] = args.max_steps
     cfg = load_config(args.scale, overrides)
-    ds = load_dataset(cfg, args.dataset)
-    peak = perf.peak_flops() if args.model != "popularity" else None  # measured in this run, before training
-    fit = fit_and_evaluate(cfg, ds, peak, checkpoint_dir=args.checkpoint_dir, checkpoint_every=args.checkpoint_every)
-    out = {"scale": cfg.scale, "dataset": ds.name, "model": args.model, "seed": cfg.train.seed, **fit.row}
+    env_world = int(os.environ.get("WORLD_SIZE", "1"))
+    if env_world > 1 or args.world > 1:
+        got = _run_ranks(args, cfg, env_world)
+        if got is None:  # a rank other than 0 under torchrun: rank 0 reports
+            return 0
+        name, row, losses = got["dataset"], got["row"], got["losses"]
+    else:
+        ds = load_dataset(cfg, args.dataset)
+        peak = perf.peak_flops() if args.model != "popularity" else None  # measured in this run, before training
+        fit = fit_and_evaluate(cfg, ds, peak, checkpoint_dir=args.checkpoint_dir,
+                               checkpoint_every=args.checkpoint_every)
+        name, row, losses = ds.name, fit.row, fit.losses
+    out = {"scale": cfg.scale, "dataset": name, "model": args.model, "seed": cfg.train.seed, **row}
     if args.model == "popularity":
         out.update(mfu=None)
     out.update({k: out[f"test_{k}"] for k in ("ndcg@10", "hr@10", "mrr")})
@@ -81,8 +107,39 @@ def run_cli(args: argparse.Namespace) -> int:
     if args.json:
         atomic_write_bytes(Path(args.json), (json.dumps(out, indent=2) + "\n").encode())
     if args.losses and args.model != "popularity":
-        atomic_write_bytes(Path(args.losses), (json.dumps(fit.losses) + "\n").encode())
+        atomic_write_bytes(Path(args.losses), (json.dumps(losses) + "\n").encode())
     return 0
+
+
+def _run_ranks(args: argparse.Namespace, cfg, env_world: int) -> dict | None:
+    """Rank 0's result of a data-parallel run: under torchrun (env_world > 1) this process is one
+    rank (None unless rank 0); else --world processes are started here."""
+    from grlib.data.catalog import load_dataset
+    from grlib.dist.launch import launch
+    from grlib.dist.topology import Topology, init_runtime
+    from grlib.experiments.train_stage import fit_rank
+
+    if args.model == "popularity":
+        raise ConfigError("--world: the popularity model does no training; run it on one process")
+    if env_world > 1:
+        topo = Topology.from_env()
+        if args.world not in (1, env_world):
+            raise ConfigError(f"--world={args.world} but torchrun started WORLD_SIZE={env_world} ranks; "
+                              f"leave --world out under torchrun")
+        dist_cfg = _dist_config(args, env_world, topo.nodes)
+        with init_runtime(topo, backend=dist_cfg.backend, timeout_s=dist_cfg.timeout_s) as runtime:
+            got = fit_rank(runtime, cfg, args.dataset, dist_cfg, args.checkpoint_dir, args.checkpoint_every)
+        return got if topo.rank == 0 else None
+    dist_cfg = _dist_config(args, args.world, args.nodes)
+    load_dataset(cfg, args.dataset)  # prepared here once, before the ranks read it
+    return launch(fit_rank, dist_cfg.world, nodes=dist_cfg.nodes, backend=dist_cfg.backend,
+                  args=(cfg, args.dataset, dist_cfg, args.checkpoint_dir, args.checkpoint_every),
+                  timeout_s=max(dist_cfg.timeout_s, 3600.0))[0]
+
+
+def _dist_config(args: argparse.Namespace, world: int, nodes: int) -> DistConfig:
+    return DistConfig(world=world, nodes=nodes, backend=args.backend, balance=args.balance, cost=args.cost,
+                      dynamic=not args.static_plan)
 
 
 def _fmt(v) -> str:

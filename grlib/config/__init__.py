@@ -13,7 +13,8 @@ type or out of range raises ConfigError naming the field.
 
     choices     every choice list (datasets, models, samplers, precisions, ...), written once
     fields      ConfigError, field checks, type-checked application of values to a dataclass
-    sections    DataConfig, ModelConfig, NegativesConfig, TrainConfig, KernelsConfig, Config
+    sections    DataConfig, ModelConfig, NegativesConfig, TrainConfig, KernelsConfig, Config;
+                DistConfig (run options of data-parallel training, not a scale's section)
     loader      read_params, load_config, overrides (mappings, YAML / JSON text, -o KEY=VALUE)
     ablations   TrainAblation, KernelsAblation, NegativesAblation, load_ablation
     arguments   --scale and -o for a command's parser, and the Config they give
@@ -23,11 +24,11 @@ from grlib.config.ablations import ABLATIONS, KernelsAblation, NegativesAblation
 from grlib.config.arguments import add_config_arguments, config_from_args
 from grlib.config.fields import ConfigError
 from grlib.config.loader import as_mapping, default_scale, load_config, parse_overrides, read_params, scale_names
-from grlib.config.sections import (SECTIONS, Config, DataConfig, KernelsConfig, ModelConfig, NegativesConfig,
+from grlib.config.sections import (SECTIONS, Config, DataConfig, DistConfig, KernelsConfig, ModelConfig, NegativesConfig,
                                    TrainConfig)
 
 __all__ = [
-    "ABLATIONS", "SECTIONS", "Config", "ConfigError", "DataConfig", "KernelsAblation", "KernelsConfig",
+    "ABLATIONS", "SECTIONS", "Config", "ConfigError", "DataConfig", "DistConfig", "KernelsAblation", "KernelsConfig",
     "ModelConfig", "NegativesAblation", "NegativesConfig", "TrainAblation", "TrainConfig", "add_config_arguments",
     "as_mapping", "choices", "config_from_args", "default_scale", "load_ablation", "load_config",
     "parse_overrides", "read_params", "scale_names",

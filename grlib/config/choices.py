@@ -27,3 +27,8 @@ EMBEDDING_OPTIMIZERS = ("lazy_adam", "adamw")  # train.embedding_optimizer
 # kernels
 KERNEL_DTYPES = ("float32", "bfloat16")  # kernels.dtype
 REGIMES = ("truncated", "scaled")  # ablations.kernels.regimes: real lengths cut at max_len, or scaled to it
+
+# distributed (grlib.config.sections.DistConfig; --balance, --cost, --backend of `train`)
+BALANCERS = ("none", "random", "snake", "lpt", "kk")  # none: contiguous split of the global batch
+BALANCE_COSTS = ("flops", "tokens")  # the per-sequence cost the balancer evens out
+BACKENDS = ("auto", "gloo", "nccl", "hccl")

@@ -133,6 +133,31 @@ class KernelsConfig:
 
 
 @dataclass(frozen=True)
+class DistConfig:
+    """How one training run spreads over processes (grlib.dist). Not a section of a scale: the
+    same model trains on 1 or N ranks (grlib.dist.data_parallel), so these are run options."""
+
+    world: int = 1  # ranks in all
+    nodes: int = 1  # world = nodes x ranks per node
+    backend: str = "auto"  # choices.BACKENDS: auto = nccl on CUDA, hccl on Ascend, gloo on CPU
+    balance: str = "none"  # choices.BALANCERS: how the global batch's sequences go to ranks
+    equal_counts: bool = True  # every rank gets B // P or B // P + 1 sequences
+    cost: str = "flops"  # choices.BALANCE_COSTS: the per-sequence cost the balancer evens out
+    dynamic: bool = True  # plan step i+1 (assignment, negatives) in a worker while step i runs
+    timeout_s: float = 300.0  # a collective waiting longer fails (a dead rank ends the others)
+
+    def __post_init__(self) -> None:
+        check(self.world >= 1, "dist.world", f"must be >= 1, got {self.world}")
+        check(self.nodes >= 1 and self.world % self.nodes == 0, "dist.nodes",
+              f"must divide dist.world={self.world}: one of "
+              f"{[n for n in range(1, self.world + 1) if self.world % n == 0]}, got {self.nodes}")
+        one_of(self.backend, choices.BACKENDS, "dist.backend")
+        one_of(self.balance, choices.BALANCERS, "dist.balance")
+        one_of(self.cost, choices.BALANCE_COSTS, "dist.cost")
+        check(self.timeout_s > 0, "dist.timeout_s", f"must be > 0, got {self.timeout_s}")
+
+
+@dataclass(frozen=True)
 class Config:
     """One scale's resolved configuration."""
 
@@ -157,6 +182,7 @@ class Config:
 
 
 SECTIONS: dict[str, type] = {name: typ for name, typ in typing.get_type_hints(Config).items() if name != "scale"}
+# DistConfig is not among them: it is a run option (grlib.cli.train's --world, --balance, ...)
 
 
 def with_sections(cfg: Config, values: dict[str, Any]) -> Config:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 import time
 from dataclasses import dataclass, field
 
@@ -19,13 +20,13 @@ import polars as pl
 import torch
 
 from grlib import perf, results
-from grlib.config import Config, TrainAblation
+from grlib.config import Config, DistConfig, TrainAblation
 from grlib.data.catalog import Dataset, dataset_config, load_dataset
 from grlib.data.download import DownloadError
 from grlib.data.schema import FIRST_ITEM_ID
 from grlib.evaluate import evaluate, last_token_scores, popularity_scores
 from grlib.model import build_model, parameter_count
-from grlib.train import train
+from grlib.train import PHASES, train
 
 
 @dataclass
@@ -38,7 +39,7 @@ class Fit:
 
 
 def fit_and_evaluate(cfg: Config, ds: Dataset, peak: float | None = None, *, checkpoint_dir: str | None = None,
-                     checkpoint_every: int = 0) -> Fit:
+                     checkpoint_every: int = 0, runtime=None, dist_cfg: DistConfig | None = None) -> Fit:
     """Trains cfg.model.name with cfg.train.seed on ds (validating every epoch, keeping the best epoch
     when cfg.train.select_best), then evaluates validation and test by full ranking. The one fit
     and evaluate of the train stage and `python -m grlib train` (which adds checkpoints: a run
@@ -58,7 +59,8 @@ def fit_and_evaluate(cfg: Config, ds: Dataset, peak: float | None = None, *, che
         start = time.perf_counter()
         fit = train(model, data, cfg.train, max_len, cfg.negatives, validate=lambda m: val(last_token_scores(m)),
                     flops_fn=flops, checkpoint_dir=checkpoint_dir, checkpoint_every=checkpoint_every,
-                    identity=resume_identity(cfg, ds.name) if checkpoint_dir else None)
+                    identity=resume_identity(cfg, ds.name) if checkpoint_dir else None,
+                    runtime=runtime, dist_cfg=dist_cfg)
         wall = time.perf_counter() - start
         score = last_token_scores(model)
         count = parameter_count(model)
@@ -68,6 +70,8 @@ def fit_and_evaluate(cfg: Config, ds: Dataset, peak: float | None = None, *, che
                "mfu": perf.mfu(useful, fit.seconds, peak) if peak and fit.seconds else float("nan"),
                "attention_impl": model.attention_impl() if cfg.model.name == "hstu" else "torch-sdpa",
                "final_loss": fit.losses[-1] if fit.losses else float("nan"), "resumed_from": fit.resumed_from}
+        if runtime is not None and runtime.topology.world > 1:
+            row.update(_dist_figures(fit.timeline, dist_cfg or DistConfig(world=runtime.topology.world)))
         curve = [{"step": r["step"], "epoch": r["epoch"], "loss": r["loss"]} for r in fit.timeline]
         curve += [{"step": h["step"], "epoch": h["epoch"], "val_ndcg@10": h["ndcg@10"]} for h in fit.val_history]
     best = [h for h in (fit.val_history if fit else []) if h["epoch"] == fit.best_epoch]
@@ -79,6 +83,32 @@ def fit_and_evaluate(cfg: Config, ds: Dataset, peak: float | None = None, *, che
     row.update(mask_history=ds.mask_history, repeat_fraction=ds.repeat_fraction,
                **{f"val_{k}": x for k, x in v.items()}, **{f"test_{k}": x for k, x in t.items()})
     return Fit(row, curve, list(fit.losses) if fit else [])
+
+
+def _dist_figures(timeline: list[dict], dist_cfg: DistConfig) -> dict:
+    """This rank's figures of a data-parallel run: the layout, the balancer, the share of step time
+    spent inside the gradient all-reduce (waiting for the slowest rank, then the transfer)."""
+    step_s = sum(sum(r[f"{p}_s"] for p in PHASES) for r in timeline)
+    wait = sum(r.get("allreduce_s", 0.0) for r in timeline)
+    return {"world": dist_cfg.world, "nodes": dist_cfg.nodes, "balance": dist_cfg.balance,
+            "allreduce_fraction": wait / step_s if step_s else float("nan"),
+            "step_ms": 1e3 * step_s / len(timeline) if timeline else float("nan")}
+
+
+def fit_rank(runtime, cfg: Config, dataset: str, dist_cfg: DistConfig, checkpoint_dir: str | None = None,
+             checkpoint_every: int = 0, measure_peak: bool = True) -> dict:
+    """One rank of `python -m grlib train --world N` (or under torchrun): loads the data (rank 0
+    first, so a dataset is prepared once), fits, evaluates. Returns {"row", "losses", "rank"}."""
+    if runtime.topology.rank != 0:
+        os.environ["GRLIB_PROGRESS"] = "0"  # one progress bar: rank 0's
+        runtime.barrier()
+    ds = load_dataset(cfg, dataset)
+    if runtime.topology.rank == 0:
+        runtime.barrier()
+    peak = perf.peak_flops() if measure_peak and cfg.model.name != "popularity" else None
+    fit = fit_and_evaluate(cfg, ds, peak, checkpoint_dir=checkpoint_dir, checkpoint_every=checkpoint_every,
+                           runtime=runtime, dist_cfg=dist_cfg)
+    return {"rank": runtime.topology.rank, "dataset": ds.name, "row": fit.row, "losses": fit.losses}
 
 
 def resume_identity(cfg: Config, dataset: str) -> dict:

@@ -7,12 +7,21 @@ r < k = round(p * 65536): the drop probability is k / 65536 (within 2**-17 of p)
 elements are scaled by 1 / (1 - k / 65536), so E[dropout(x)] = x exactly. Deterministic under
 torch.manual_seed and restored with torch's RNG state (grlib.train.checkpoint), like nn.Dropout.
 
+Data-parallel runs (grlib.dist.data_parallel) draw the words of the whole global batch on every
+rank and keep the rows of the rank's own tokens (`global_rows`), so a token's mask does not depend
+on which rank trains it and N ranks train the model one process trains (same masks, same
+generator state afterwards). Outside that context nothing changes.
+
 The words are applied by grlib.ops.dropout_words (x * (words >= threshold) * scale): on CPU one
 compiled pass (no bool mask, cast and second product as passes of their own), forward and
 backward, keeping the int16 words [*] for the backward; elsewhere the torch reference, keeping
 the bool mask.
 """
 from __future__ import annotations
+
+import contextlib
+import contextvars
+from collections.abc import Iterator
 
 import torch
 from torch import Tensor, nn
@@ -21,6 +30,23 @@ from grlib import ops
 from grlib.ops.dropout import kept
 
 WORDS = 1 << 16
+
+# (tokens of the global batch, [T_local] int64 global index of each local token) while active
+_GLOBAL_ROWS: contextvars.ContextVar[tuple[int, Tensor] | None] = contextvars.ContextVar("grlib_dropout_rows",
+                                                                                         default=None)
+
+
+@contextlib.contextmanager
+def global_rows(total: int, index: Tensor) -> Iterator[None]:
+    """Within: dropout of a [T_local, ...] activation draws the words of [total, ...] and keeps the
+    rows `index` [T_local] (the local tokens' positions in the global batch of `total` tokens)."""
+    if index.numel() and (int(index.min()) < 0 or int(index.max()) >= total):
+        raise ValueError(f"global_rows: token index out of range [0, {total})")
+    token = _GLOBAL_ROWS.set((total, index))
+    try:
+        yield
+    finally:
+        _GLOBAL_ROWS.reset(token)
 
 
 def drop_count(p: float) -> int:
@@ -31,7 +57,17 @@ def drop_count(p: float) -> int:
 
 
 def random_words(shape: torch.Size, device: torch.device | str = "cpu") -> Tensor:
-    """[shape] int16, uniform over [-32768, 32767]: four per 64-bit draw of the default generator."""
+    """[shape] int16, uniform over [-32768, 32767]: four per 64-bit draw of the default generator
+    (under global_rows: the rows of the global batch's words, see the module doc)."""
+    rows = _GLOBAL_ROWS.get()
+    if rows is not None and len(shape) >= 1 and shape[0] == rows[1].numel():
+        total, index = rows
+        whole = _words(torch.Size((total, *shape[1:])), device)  # [total, ...]
+        return whole.index_select(0, index.to(whole.device))
+    return _words(torch.Size(shape), device)
+
+
+def _words(shape: torch.Size, device: torch.device | str) -> Tensor:
     n = shape.numel()
     words = torch.empty((n + 3) // 4, dtype=torch.int64, device=device).random_(-(2**63), None)  # [ceil(n / 4)], all 64 bits
     return words.view(torch.int16)[:n].view(shape)

@@ -44,8 +44,8 @@ class HSTULayer(nn.Module):
 
     def forward(self, x: Tensor, batch: JaggedBatch) -> Tensor:  # x [T, d] -> [T, d]
         T = x.shape[0]
-        if T == 0:  # a batch of empty sequences: nothing to attend (the padded reference cannot view 0 tokens)
-            return x
+        if T == 0:  # a batch of empty sequences: nothing to attend (the padded reference cannot view 0 tokens);
+            return self.dropout(x)  # the dropout still draws (a data-parallel rank keeps the global stream)
         z = self.uvqk(self.norm_in(x))  # [T, 4d]: u | v | q | k before SiLU
         u, attn = ops.uvqk_attention(z, self.n_heads, batch.offsets, batch.max_len, pos_bias=self.pos_bias,
                                      time_bias=self.time_bias, timestamps=batch.timestamps,

@@ -11,6 +11,11 @@ epoch by validation NDCG@10. With `checkpoint_dir` it writes `last.pt` every `ch
 steps and at each epoch end, and resumes from it (exactly, see grlib.train.checkpoint), saying so
 on stderr. `identity` (e.g. the data and model settings) is stored with each checkpoint, and a
 resume whose identity, train settings, negative path or model differ is refused, naming what.
+
+With `runtime` (grlib.dist.topology.Runtime) of world N > 1 and `dist_cfg`, each rank runs this loop
+on the same global batches and trains its share (grlib.dist.data_parallel: balanced assignment,
+gradients all-reduced; the losses are the global batch's). Each rank checkpoints its own file,
+last.rank<r>-of-<N>.pt, and resumes only on the same world size.
 """
 from __future__ import annotations
 
@@ -27,7 +32,7 @@ import polars as pl
 import torch
 from torch import nn
 
-from grlib.config import NegativesConfig, TrainConfig
+from grlib.config import DistConfig, NegativesConfig, TrainConfig
 from grlib.data.sequences import SequenceData
 from grlib.jagged import JaggedBatch
 from grlib.negatives import build_negative_path
@@ -77,15 +82,22 @@ def train(model: nn.Module, data: SequenceData, cfg: TrainConfig, max_len: int, 
           *, validate: Callable[[nn.Module], dict[str, float]] | None = None,
           checkpoint_dir: str | Path | None = None, checkpoint_every: int = 0, resume: bool = True,
           flops_fn: Callable[[JaggedBatch], float] | None = None,
-          identity: dict[str, Any] | None = None) -> TrainResult:
+          identity: dict[str, Any] | None = None, runtime: Any = None,
+          dist_cfg: DistConfig | None = None) -> TrainResult:
     """Trains `model` in place; deterministic per cfg.seed (given the same initial weights)."""
     torch.manual_seed(cfg.seed)
     rng = np.random.default_rng(cfg.seed)
+    world, rank = (runtime.topology.world, runtime.topology.rank) if runtime is not None else (1, 0)
+    if world > 1:
+        from grlib.dist import data_parallel
+
+        data_parallel.broadcast_parameters(model, runtime.world_group)
     path = build_negative_path(negatives, data.n_items, data.train_item_counts(), seed=cfg.seed)
     opt = Optimizers(model, cfg)
     pos, result, best = _Position(), TrainResult(), {"state": None, "metric": -np.inf}
-    ckpt = Path(checkpoint_dir) / "last.pt" if checkpoint_dir else None
-    run = _RunIdentity(cfg, negatives, identity or {})
+    name = "last.pt" if world == 1 else f"last.rank{rank}-of-{world}.pt"
+    ckpt = Path(checkpoint_dir) / name if checkpoint_dir else None
+    run = _RunIdentity(cfg, negatives, {**(identity or {}), **({"world": world} if world > 1 else {})})
     if ckpt and resume and ckpt.exists():
         _restore(ckpt, checkpoint.load(ckpt), model, opt, path, rng, pos, result, best, run)
         print(f"resuming from {ckpt} at step {pos.step} (epoch {pos.epoch}, batch {pos.batch})",
@@ -94,7 +106,11 @@ def train(model: nn.Module, data: SequenceData, cfg: TrainConfig, max_len: int, 
     per_epoch = data.n_train_batches(cfg.batch_size)
     total = cfg.epochs * per_epoch if not cfg.max_steps else min(cfg.epochs * per_epoch, cfg.max_steps)
     save = (lambda: checkpoint.save(ckpt, _snapshot(model, opt, path, pos, result, best, run))) if ckpt else None
-    schedule = build_schedule(TrainStep(model, path, opt), negatives)
+    if world > 1:
+        schedule = data_parallel.build(model, path, opt, dist_cfg or DistConfig(world=world), rank, world,
+                                       model.cfg, cfg.seed, runtime.world_group)
+    else:
+        schedule = build_schedule(TrainStep(model, path, opt), negatives)
     model.train()
     with bar(total, desc="train", initial=pos.step) as pbar:
         while pos.epoch < cfg.epochs and pos.step < total:
@@ -135,7 +151,7 @@ def _record(out: StepResult, flops_fn: Callable[[JaggedBatch], float] | None) ->
     return {"loss": out.loss, "lr": out.lr, "grad_norm": out.grad_norm,
             "tokens": int(batch.item_ids.numel()), "targets": int((batch.targets > 0).sum()),
             "flops": float(flops_fn(batch)) if flops_fn else float("nan"),
-            **{f"{p}_s": out.seconds[p] for p in PHASES}}
+            **{f"{p}_s": out.seconds[p] for p in PHASES}, **out.extra}
 
 
 def _end_epoch(model, validate, cfg: TrainConfig, pos: _Position, result: TrainResult, best: dict,

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from torch import nn
 
@@ -20,7 +20,7 @@ from grlib.jagged import JaggedBatch
 from grlib.negatives.path import NegativePath
 from grlib.train.optim import Optimizers
 
-PHASES = ("data", "forward", "loss", "backward", "optimizer")
+PHASES = ("data", "forward", "loss", "backward", "comm", "optimizer")  # comm: gradient all-reduce (0 on one process)
 
 
 @dataclass
@@ -30,6 +30,7 @@ class StepResult:
     grad_norm: float  # before clipping
     lr: float  # the learning rate of the next step (the schedule has stepped)
     seconds: dict[str, float]  # per phase of PHASES
+    extra: dict[str, float] = field(default_factory=dict)  # figures of a schedule (e.g. all-reduce wait)
 
     @property
     def total_s(self) -> float:
@@ -59,4 +60,4 @@ class TrainStep:
         t5 = time.perf_counter()
         return StepResult(batch, float(loss.detach()), grad_norm, self.opt.lr,
                           {"data": t1 - t0, "forward": t2 - t1, "loss": t3 - t2, "backward": t4 - t3,
-                           "optimizer": t5 - t4})
+                           "comm": 0.0, "optimizer": t5 - t4})

@@ -1,0 +1,220 @@
+"""Data-parallel training: N ranks train the model one process trains on the same global batches.
+
+The global batch is the unit. Every rank reads the same global batch (the same data order, the
+same seed), a balancer (grlib.dist.balance) assigns its sequences to ranks from their costs, and
+each rank trains the sub-batch it owns:
+
+    global batch  [ s0 s1 s2 s3 s4 s5 ]          every rank, same order
+    costs         [ c0 c1 c2 c3 c4 c5 ]          flops or tokens of each sequence
+    assign(costs, P=2, "kk")  ->  owner [0 1 1 0 1 0]
+    rank 0: select([0, 3, 5]) -> forward, loss * P_0 / P_global, backward ─┐
+    rank 1: select([1, 2, 4]) -> forward, loss * P_1 / P_global, backward ─┴─ all-reduce SUM of
+            gradients (+ the loss, + which parameters got one) -> identical optimizer steps
+
+Why the result equals one process's: the loss of one process is the mean over the global batch's
+P_global target tokens; each rank's loss is the mean over its own P_r, weighted by P_r / P_global,
+so the summed gradients are the single-process gradients (up to float summation order). The
+negatives are drawn for the global batch with the shared generator (every rank draws the same ids)
+and each rank keeps its tokens' rows; dropout draws the global batch's words and keeps the local
+rows (grlib.model.dropout.global_rows). Balancing only moves sequences between ranks, never out of
+the global batch, so balanced runs equal it too, within float summation order.
+
+Planning (assignment, negatives, the local sub-batch) is pure host work: with `dynamic` a worker
+thread plans step i+1 while step i computes (grlib.train.prefetch.PrefetchWorker). Every step the
+ranks all-gather a fingerprint of the global batch (sequences, tokens, a length checksum), so ranks
+that read different data (another seed, another dataset) stop with an error instead of training
+silently apart. Here the data is read whole by every rank (cheap next to a step); a loader that
+reads only a share would all-gather the lengths and send the sequences with all_to_all.
+"""
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Generator, Iterable, Iterator
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from torch import Tensor, nn
+
+from grlib.config import DistConfig, ModelConfig
+from grlib.dist.balance import assign, imbalance
+from grlib.jagged import JaggedBatch
+from grlib.model.dropout import global_rows
+from grlib.negatives.path import ATTACHMENT, NegativePath, NegativeSample, PreparedSample
+from grlib.perf import sequence_flops
+from grlib.train.optim import Optimizers
+from grlib.train.prefetch import PrefetchWorker
+from grlib.train.step import StepResult
+
+METHOD = {"none": "contiguous", "random": "random", "snake": "snake", "lpt": "lpt", "kk": "kk"}
+
+
+class RankMismatch(RuntimeError):
+    """The ranks disagree on the global batch (different data, seed or order)."""
+
+
+def cost_function(kind: str, model: ModelConfig) -> Callable[[np.ndarray], np.ndarray]:
+    """Per-sequence cost of lengths [B]: 'flops' (grlib.perf's training FLOPs) or 'tokens'."""
+    if kind == "tokens":
+        return lambda lengths: np.asarray(lengths, dtype=np.float64)
+    if kind == "flops":
+        return lambda lengths: np.array([sequence_flops(np.array([s]), model) for s in np.asarray(lengths)])
+    raise ValueError(f"cost must be 'flops' or 'tokens', got {kind!r}")
+
+
+@dataclass
+class RankPlan:
+    """One rank's share of one global batch, ready to train."""
+
+    local: JaggedBatch  # this rank's sequences, its negatives attached
+    token_index: Tensor  # [T_local] int64: each local token's position in the global batch
+    total_tokens: int  # T_global
+    weight: float  # P_local / P_global: the local mean loss's share of the global mean
+    loads: np.ndarray  # [P] the cost per rank of the assignment (the balancer's model)
+    fingerprint: Tensor  # [3] int64: sequences, tokens, length checksum of the global batch
+    plan_s: float  # seconds spent planning (in the worker when dynamic)
+
+
+class Planner:
+    """Global batch -> this rank's RankPlan; deterministic, so every rank computes the same assignment."""
+
+    def __init__(self, path: NegativePath, rank: int, world: int, balance: str = "none", *,
+                 equal_counts: bool = True, cost: Callable[[np.ndarray], np.ndarray] | None = None, seed: int = 0):
+        if balance not in METHOD:
+            raise ValueError(f"balance must be one of {tuple(METHOD)}, got {balance!r}")
+        self.path, self.rank, self.world = path, rank, world
+        self.method, self.equal_counts, self.seed = METHOD[balance], equal_counts, seed
+        self.cost = cost or (lambda lengths: np.asarray(lengths, dtype=np.float64))
+        self.count = 0  # global batches planned (the random balancer's per-step seed)
+
+    def __call__(self, batch: JaggedBatch) -> RankPlan:
+        start = time.perf_counter()
+        lengths = batch.lengths().numpy()  # [B]
+        costs = self.cost(lengths)  # [B]
+        owner = assign(costs, self.world, self.method, equal_counts=self.equal_counts, seed=self.seed + self.count)
+        self.count += 1
+        rows = owner.rows(self.rank)  # [B_r] ascending
+        local = batch.select(rows)
+        starts = batch.offsets[:-1][torch.from_numpy(rows)]  # [B_r]
+        token_index = (torch.repeat_interleave(starts - local.offsets[:-1], local.lengths())
+                       + torch.arange(local.num_tokens))  # [T_local]
+        self.path.prepare(batch)  # the global batch's negatives: the same ids on every rank
+        prepared: PreparedSample = batch.attachments.pop(ATTACHMENT)
+        sample = local_sample(prepared.sample, token_index, local.targets)
+        local.attachments[ATTACHMENT] = PreparedSample(sample, prepared.state, prepared.stamp)
+        p_global = prepared.sample.targets.numel()
+        check = int((np.arange(1, lengths.size + 1) * lengths).sum() % (2**61 - 1))
+        return RankPlan(local, token_index, batch.num_tokens, sample.targets.numel() / p_global if p_global else 0.0,
+                        owner.loads(costs), torch.tensor([batch.batch_size, batch.num_tokens, check]),
+                        time.perf_counter() - start)
+
+
+def local_sample(whole: NegativeSample, token_index: Tensor, local_targets: Tensor) -> NegativeSample:
+    """The rows of a global batch's sample that belong to the local tokens (token_index [T_local])."""
+    keep = torch.nonzero(local_targets > 0).reshape(-1)  # [P_local] positions among the local tokens
+    at = torch.searchsorted(whole.keep, token_index[keep])  # [P_local] rows of the global sample
+    ids = whole.ids if whole.shared else whole.ids[at]  # [R] or [P_local, R]
+    return NegativeSample(keep, whole.targets[at], ids)
+
+
+class GradientSync:
+    """All-reduce (SUM) of every gradient, the step's loss and which parameters got a gradient, in one
+    flat buffer. A parameter no rank gave a gradient keeps None (as on one process)."""
+
+    def __init__(self, params: list[nn.Parameter], group=None):
+        self.params, self.group = params, group
+
+    def __call__(self, loss: Tensor) -> tuple[float, float]:
+        """-> (global loss, seconds inside the all-reduce)."""
+        grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in self.params]
+        flags = torch.tensor([p.grad is not None for p in self.params], dtype=grads[0].dtype)  # [n]
+        flat = torch.cat([g.reshape(-1) for g in grads] + [flags, loss.detach().reshape(1).to(grads[0].dtype)])
+        start = time.perf_counter()
+        dist.all_reduce(flat, group=self.group)
+        waited = time.perf_counter() - start
+        n_params = len(self.params)
+        got = flat[-1 - n_params:-1] > 0  # [n] some rank gave this parameter a gradient
+        at = 0
+        for i, (p, g) in enumerate(zip(self.params, grads)):
+            p.grad = flat[at:at + g.numel()].view_as(p) if got[i] else None
+            at += g.numel()
+        return float(flat[-1]), waited
+
+
+class DataParallelStep:
+    """The training step of one rank (the phases of grlib.train.step.TrainStep, plus comm)."""
+
+    def __init__(self, model: nn.Module, path: NegativePath, opt: Optimizers, group=None):
+        self.model, self.path, self.opt, self.group = model, path, opt, group
+        self.sync = GradientSync([p for p in model.parameters() if p.requires_grad], group)
+
+    def __call__(self, plans: Iterator[RankPlan]) -> StepResult | None:
+        t0 = time.perf_counter()
+        plan = next(plans, None)
+        if plan is None:
+            return None
+        check_same_batch(plan.fingerprint, self.group)
+        t1 = time.perf_counter()
+        with global_rows(plan.total_tokens, plan.token_index):
+            user = self.model(plan.local)  # [T_local, d]
+        t2 = time.perf_counter()
+        loss = self.path.loss(user, self.model.embed, plan.local) * plan.weight
+        t3 = time.perf_counter()
+        self.opt.zero_grad()
+        loss.backward()
+        t4 = time.perf_counter()
+        global_loss, waited = self.sync(loss)
+        t5 = time.perf_counter()
+        grad_norm = self.opt.step()
+        t6 = time.perf_counter()
+        loads = plan.loads
+        return StepResult(plan.local, global_loss, grad_norm, self.opt.lr,
+                          {"data": t1 - t0, "forward": t2 - t1, "loss": t3 - t2, "backward": t4 - t3,
+                           "comm": t5 - t4, "optimizer": t6 - t5},
+                          extra={"allreduce_s": waited, "plan_s": plan.plan_s, "imbalance_model": imbalance(loads),
+                                 "global_tokens": plan.total_tokens})
+
+
+def check_same_batch(fingerprint: Tensor, group=None) -> None:
+    """All-gathers the global batch's fingerprint; RankMismatch when the ranks disagree."""
+    world = dist.get_world_size(group)
+    seen = [torch.empty_like(fingerprint) for _ in range(world)]
+    dist.all_gather(seen, fingerprint, group=group)
+    if any(not torch.equal(s, seen[0]) for s in seen):
+        rows = ", ".join(f"rank {r}: {s.tolist()}" for r, s in enumerate(seen))
+        raise RankMismatch(f"the ranks read different global batches (sequences, tokens, checksum): {rows}; "
+                           f"every rank needs the same data, seed and batch size")
+
+
+class DataParallelSchedule:
+    """Plans each global batch (in a worker one step ahead when dynamic) and runs the rank's step."""
+
+    def __init__(self, step: DataParallelStep, planner: Planner, dynamic: bool = True):
+        self.step, self.planner, self.dynamic = step, planner, dynamic
+
+    def run(self, batches: Iterable[JaggedBatch]) -> Generator[StepResult, None, None]:
+        if self.dynamic:
+            with PrefetchWorker(batches, self.planner, depth=1, name="grlib-plan") as worker:
+                feed = (plan for _, plan in worker)
+                while (result := self.step(feed)) is not None:
+                    yield result
+        else:
+            feed = (self.planner(b) for b in batches)
+            while (result := self.step(feed)) is not None:
+                yield result
+
+
+def broadcast_parameters(model: nn.Module, group=None) -> None:
+    """Rank 0's weights on every rank (they start equal from the seed; this makes it so regardless)."""
+    with torch.no_grad():
+        for t in model.state_dict().values():
+            dist.broadcast(t, src=0, group=group)
+
+
+def build(model: nn.Module, path: NegativePath, opt: Optimizers, cfg: DistConfig, rank: int, world: int,
+          model_cfg: ModelConfig, seed: int, group=None) -> DataParallelSchedule:
+    """The schedule of one rank's data-parallel training."""
+    planner = Planner(path, rank, world, cfg.balance, equal_counts=cfg.equal_counts,
+                      cost=cost_function(cfg.cost, model_cfg), seed=seed)
+    return DataParallelSchedule(DataParallelStep(model, path, opt, group), planner, cfg.dynamic)

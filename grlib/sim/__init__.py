@@ -1,0 +1,1 @@
+"""Simulations at scales this machine cannot run: balance (load imbalance across data-parallel ranks)."""
