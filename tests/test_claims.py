@@ -19,7 +19,7 @@ from grlib.experiments.negatives_stage import Variant
 PAPER = {"C1.speedup": Figure(2.2, "x"), "C1.memory": Figure(70, "%"), "C2.before": Figure(47, "%"),
          "C2.after": Figure(2.4, "%"), "C3.all_to_all": Figure(-75.9, "%"), "C5.utilisation": Figure(94, "%"),
          "C7.mfu": Figure(54.71, "%"), "C7.scaling": Figure(0.97, "ratio")}  # the paper's figures (DESIGN table)
-NOT_YET = ("C2", "C3", "C4", "C5")
+NOT_YET = ("C3", "C4", "C5")
 
 
 def test_registry_covers_c1_to_c7_once_with_units():
@@ -90,6 +90,17 @@ def _negative_rows(ab: NegativesAblation) -> list[dict]:
     return rows
 
 
+def _balance_rows(before: float, after: float, sliced_random: float, sliced_lpt: float) -> list[dict]:
+    fit = {"c0": 1e-5, "a": 2e-5, "b": 2e-8, "r2": 0.998}
+    cell = {"part": "simulated", "ranks": 64, "users_per_rank": 32, "max_len": 16384}
+    return [{"part": "calibrate", "length": 16, "seconds_per_sequence": 1e-4, "residual": 0.01, **fit},
+            {**cell, "method": "random", "imbalance_model_median": before, "imbalance_noisy_median": before, **fit},
+            {**cell, "method": "kk", "imbalance_model_median": after, "imbalance_noisy_median": 0.05, **fit},
+            {**cell, "method": "lpt", "imbalance_model_median": 2 * after, "imbalance_noisy_median": 0.05, **fit},
+            {"part": "time-sliced", "method": "random", "ranks": 8, "imbalance_measured": sliced_random, **fit},
+            {"part": "time-sliced", "method": "lpt", "ranks": 8, "imbalance_measured": sliced_lpt, **fit}]
+
+
 def _bench_train_rows(layers: int, mfu: float) -> list[dict]:
     shape = {"d_model": 256, "n_layers": layers, "n_heads": 2, "batch": 64, "max_len": 128, "params": 2_014_848,
              "peak_flops": 3.6e11}
@@ -112,6 +123,7 @@ def test_report_shows_every_claim_at_every_scale(isolated_outputs):
     results.append_rows("kernels", _kernel_rows(3.0, 0.9), smoke)
     results.append_rows("negatives", _negative_rows(load_ablation("negatives")), smoke)
     results.append_rows("train", _train_rows(0.2, 0.1), smoke)
+    results.append_rows("balance", _balance_rows(0.47, 0.0004, 0.60, 0.10), smoke)
     results.append_rows("bench_train", _bench_train_rows(2, 0.333), laptop)
     results.append_rows("bench_train", _bench_train_rows(1, 0.258), laptop)
     assert report.scales() == ["smoke", "laptop"]
@@ -135,10 +147,18 @@ def test_report_shows_every_claim_at_every_scale(isolated_outputs):
     c6 = {r["target"]: r for r in smoke_rows.filter(pl.col("claim").str.starts_with("C6")).iter_rows(named=True)}
     assert c6["C6.sharing"]["ours"] == "16.0x negatives, 1.10x step" and c6["C6.sharing"]["verdict"] == "met"
     assert smoke_rows.filter(pl.col("target") == "W1.quality")["ours"].to_list() == ["2.00x (0.2000, 2 seeds)"]
+    c2 = {r["target"]: r for r in smoke_rows.filter(pl.col("claim").str.starts_with("C2")).iter_rows(named=True)}
+    assert (c2["C2.before"]["ours"], c2["C2.before"]["verdict"]) == ("47%", "(no threshold)")
+    assert (c2["C2.after"]["ours"], c2["C2.after"]["verdict"]) == ("0.04%", "met")
+    assert c2["C2.after"]["obtained"].startswith("modelled: balance run ") and "kk" in c2["C2.after"]["check"]
+    assert (c2["C2.measured"]["ours"], c2["C2.measured"]["verdict"]) == ("0.167", "met")
+    assert c2["C2.measured"]["obtained"].startswith("measured: balance run ")
     no_mfu = smoke_rows.filter(pl.col("target") == "C7.mfu").row(0, named=True)
     assert no_mfu["verdict"] == "not measured yet" and "no bench_train rows at smoke" in no_mfu["obtained"]
 
     lap = table.filter(pl.col("scale") == "laptop")
+    assert lap.filter(pl.col("target") == "C2.after")["obtained"].to_list() == [
+        "not measured yet: no balance rows at laptop"]
     assert lap.filter(pl.col("target") == "C1.speedup")["obtained"].to_list() == [
         "not measured yet: no kernels rows at laptop"]
     mfu = lap.filter(pl.col("target") == "C7.mfu")

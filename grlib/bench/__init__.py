@@ -21,6 +21,7 @@ BENCHES = {
     "kernels": "grlib.bench.kernels",
     "negatives": "grlib.bench.negatives",
     "load": "grlib.bench.load",
+    "balance": "grlib.bench.balance",
 }
 
 

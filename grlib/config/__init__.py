@@ -16,11 +16,11 @@ type or out of range raises ConfigError naming the field.
     sections    DataConfig, ModelConfig, NegativesConfig, TrainConfig, KernelsConfig, Config;
                 DistConfig (run options of data-parallel training, not a scale's section)
     loader      read_params, load_config, overrides (mappings, YAML / JSON text, -o KEY=VALUE)
-    ablations   TrainAblation, KernelsAblation, NegativesAblation, load_ablation
+    ablations   TrainAblation, KernelsAblation, NegativesAblation, BalanceAblation, load_ablation
     arguments   --scale and -o for a command's parser, and the Config they give
 """
 from grlib.config import choices
-from grlib.config.ablations import ABLATIONS, KernelsAblation, NegativesAblation, TrainAblation, load_ablation
+from grlib.config.ablations import ABLATIONS, BalanceAblation, KernelsAblation, NegativesAblation, TrainAblation, load_ablation
 from grlib.config.arguments import add_config_arguments, config_from_args
 from grlib.config.fields import ConfigError
 from grlib.config.loader import as_mapping, default_scale, load_config, parse_overrides, read_params, scale_names
@@ -28,7 +28,7 @@ from grlib.config.sections import (SECTIONS, Config, DataConfig, DistConfig, Ker
                                    TrainConfig)
 
 __all__ = [
-    "ABLATIONS", "SECTIONS", "Config", "ConfigError", "DataConfig", "DistConfig", "KernelsAblation", "KernelsConfig",
+    "ABLATIONS", "BalanceAblation", "SECTIONS", "Config", "ConfigError", "DataConfig", "DistConfig", "KernelsAblation", "KernelsConfig",
     "ModelConfig", "NegativesAblation", "NegativesConfig", "TrainAblation", "TrainConfig", "add_config_arguments",
     "as_mapping", "choices", "config_from_args", "default_scale", "load_ablation", "load_config",
     "parse_overrides", "read_params", "scale_names",

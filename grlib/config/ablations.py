@@ -99,7 +99,63 @@ class NegativesAblation:
         check(len(self.seeds) >= 1, f"{name}.seeds", "needs at least one seed")
 
 
-ABLATIONS: dict[str, type] = {"train": TrainAblation, "kernels": KernelsAblation, "negatives": NegativesAblation}
+@dataclass(frozen=True)
+class BalanceAblation:
+    """The grid of the load-balancing experiment (notebooks/03_load_balancing, `bench balance`).
+
+    calibrate   one HSTU layer of the scale's model, forward + backward on one thread, at
+                calibration_points lengths from 16 to calibration_max (geometric); fit c0 + a*s + b*s^2
+    simulate    every ranks x users_per_rank x max_lens cell, sim_steps global batches drawn from the
+                KuaiRand-27K length fit (pool_users users), each of `methods` on the fitted costs,
+                imbalance on the model and under the calibration's measured residuals
+    time-sliced sliced_ranks emulated ranks x sliced_users sequences (KuaiRand-like lengths scaled to
+                sliced_max_len), each rank's share timed one after another; random vs each method
+    2-process   two gloo ranks train pair_steps steps of the scale's model (batch pair_batch_size,
+                max_len pair_max_len) with balance none, then pair_method: all-reduce wait and step time
+    """
+
+    methods: list[str] = field(default_factory=lambda: ["random", "snake", "lpt", "kk"])
+    equal_counts: bool = True
+    ranks: list[int] = field(default_factory=lambda: [8, 64, 512, 1536])
+    users_per_rank: list[int] = field(default_factory=lambda: [4, 8, 32])
+    max_lens: list[int] = field(default_factory=lambda: [4096, 16384])
+    sim_steps: int = 20
+    pool_users: int = 27_285  # KuaiRand-27K's user count
+    calibration_points: int = 14
+    calibration_max: int = 4096
+    calibration_repeats: int = 5
+    sliced_ranks: int = 8
+    sliced_users: int = 8
+    sliced_max_len: int = 1024
+    sliced_steps: int = 5
+    sliced_repeats: int = 3
+    pair_method: str = "kk"
+    pair_steps: int = 20
+    pair_batch_size: int = 32
+    pair_max_len: int = 1024
+
+    def __post_init__(self) -> None:
+        name = "ablations.balance"
+        check("random" in self.methods, f"{name}.methods", "must include 'random' (the 'before' of every ratio)")
+        for m in self.methods:
+            check(m in ("random", "snake", "lpt", "kk", "contiguous"), f"{name}.methods",
+                  f"unknown method {m!r}; valid: random, snake, lpt, kk, contiguous")
+        check(self.pair_method in choices.BALANCERS, f"{name}.pair_method",
+              f"unknown balancer {self.pair_method!r}; valid: {choices.BALANCERS}")
+        for f in ("ranks", "users_per_rank", "max_lens"):
+            check(len(getattr(self, f)) >= 1 and all(v >= 1 for v in getattr(self, f)), f"{name}.{f}",
+                  f"needs values >= 1, got {getattr(self, f)}")
+        for f in ("sim_steps", "pool_users", "calibration_repeats", "sliced_ranks", "sliced_users", "sliced_steps",
+                  "sliced_repeats", "pair_steps", "pair_batch_size"):
+            check(getattr(self, f) >= 1, f"{name}.{f}", f"must be >= 1, got {getattr(self, f)}")
+        check(self.calibration_points >= 3, f"{name}.calibration_points", "needs >= 3 points to fit 3 coefficients")
+        check(self.calibration_max >= 32, f"{name}.calibration_max", f"must be >= 32, got {self.calibration_max}")
+        check(self.sliced_max_len >= 2 and self.pair_max_len >= 2, f"{name}.sliced_max_len",
+              "sliced_max_len and pair_max_len must be >= 2")
+
+
+ABLATIONS: dict[str, type] = {"train": TrainAblation, "kernels": KernelsAblation, "negatives": NegativesAblation,
+                              "balance": BalanceAblation}
 
 
 def load_ablation(name: str, overrides: dict[str, Any] | str | None = None,

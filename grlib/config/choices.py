@@ -30,5 +30,5 @@ REGIMES = ("truncated", "scaled")  # ablations.kernels.regimes: real lengths cut
 
 # distributed (grlib.config.sections.DistConfig; --balance, --cost, --backend of `train`)
 BALANCERS = ("none", "random", "snake", "lpt", "kk")  # none: contiguous split of the global batch
-BALANCE_COSTS = ("flops", "tokens")  # the per-sequence cost the balancer evens out
+BALANCE_COSTS = ("flops", "tokens", "quadratic")  # the per-sequence cost the balancer evens out (quadratic: calibrated)
 BACKENDS = ("auto", "gloo", "nccl", "hccl")

@@ -143,6 +143,7 @@ class DistConfig:
     balance: str = "none"  # choices.BALANCERS: how the global batch's sequences go to ranks
     equal_counts: bool = True  # every rank gets B // P or B // P + 1 sequences
     cost: str = "flops"  # choices.BALANCE_COSTS: the per-sequence cost the balancer evens out
+    quadratic: tuple[float, ...] = ()  # cost "quadratic": (c0, a, b) of c0 + a*s + b*s^2 (grlib.dist.cost)
     dynamic: bool = True  # plan step i+1 (assignment, negatives) in a worker while step i runs
     timeout_s: float = 300.0  # a collective waiting longer fails (a dead rank ends the others)
 
@@ -155,6 +156,8 @@ class DistConfig:
         one_of(self.balance, choices.BALANCERS, "dist.balance")
         one_of(self.cost, choices.BALANCE_COSTS, "dist.cost")
         check(self.timeout_s > 0, "dist.timeout_s", f"must be > 0, got {self.timeout_s}")
+        check((self.cost == "quadratic") == (len(self.quadratic) == 3), "dist.quadratic",
+              f"needs (c0, a, b) exactly when dist.cost is 'quadratic', got {self.quadratic} with cost {self.cost!r}")
 
 
 @dataclass(frozen=True)

@@ -149,13 +149,21 @@ def calibrate_layer(model: ModelConfig, lengths: Sequence[int], *, repeats: int 
     return rows
 
 
-def _batch(s: int, k: int) -> JaggedBatch:
-    """k sequences of s tokens (ids and actions zero: the layer reads offsets and timestamps only)."""
-    T = s * k
+def layer_batch(lengths: Sequence[int]) -> JaggedBatch:
+    """Sequences of `lengths` (ids and actions zero: the layer reads offsets and timestamps only)."""
+    lengths = [int(n) for n in lengths]
+    T = sum(lengths)
     zeros = torch.zeros(T, dtype=torch.int64)
     timestamps = torch.cumsum(torch.randint(1, 5000, (T,)), 0)  # [T] seconds, increasing
-    return JaggedBatch(item_ids=zeros, actions=zeros, timestamps=timestamps,
-                       offsets=torch.arange(0, T + 1, s, dtype=torch.int64), max_len=s, targets=zeros)
+    offsets = torch.tensor([0, *np.cumsum(lengths)], dtype=torch.int64)  # [B+1]
+    return JaggedBatch(item_ids=zeros, actions=zeros, timestamps=timestamps, offsets=offsets,
+                       max_len=max(lengths, default=1), targets=zeros)
+
+
+def time_pass(layer: HSTULayer, lengths: Sequence[int], repeats: int = 1) -> tuple[float, float]:
+    """(on-CPU, wall) median seconds of `repeats` forward + backward passes of `layer` over one
+    jagged batch of sequences of `lengths` (see _run for on-CPU time)."""
+    return _timed(layer, layer_batch(lengths), repeats)
 
 
 def _run(layer: HSTULayer, d: int, s: int, k: int, repeats: int = 1) -> tuple[float, float]:
@@ -164,9 +172,13 @@ def _run(layer: HSTULayer, d: int, s: int, k: int, repeats: int = 1) -> tuple[fl
     On one thread a pass runs in this process alone, so its on-CPU time, min(wall, process CPU
     time), is its time on a core of its own: other jobs sharing the cores lengthen the wall time
     only (as grlib.perf.measure_peak_flops times its GEMMs)."""
-    batch = _batch(s, k)
-    x = torch.randn(s * k, d, requires_grad=True)  # [T, d]
-    grad = torch.randn(s * k, d)  # [T, d]
+    return _timed(layer, layer_batch([s] * k), repeats)
+
+
+def _timed(layer: HSTULayer, batch: JaggedBatch, repeats: int) -> tuple[float, float]:
+    d = layer.out.in_features
+    x = torch.randn(batch.num_tokens, d, requires_grad=True)  # [T, d]
+    grad = torch.randn(batch.num_tokens, d)  # [T, d]
     on_cpu, walls = [], []
     for _ in range(repeats):
         wall, cpu = time.perf_counter(), time.process_time()

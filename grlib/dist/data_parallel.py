@@ -39,10 +39,10 @@ from torch import Tensor, nn
 
 from grlib.config import DistConfig, ModelConfig
 from grlib.dist.balance import assign, imbalance
+from grlib.dist.cost import FlopsCost, QuadraticCost
 from grlib.jagged import JaggedBatch
 from grlib.model.dropout import global_rows
 from grlib.negatives.path import ATTACHMENT, NegativePath, NegativeSample, PreparedSample
-from grlib.perf import sequence_flops
 from grlib.train.optim import Optimizers
 from grlib.train.prefetch import PrefetchWorker
 from grlib.train.step import StepResult
@@ -54,13 +54,16 @@ class RankMismatch(RuntimeError):
     """The ranks disagree on the global batch (different data, seed or order)."""
 
 
-def cost_function(kind: str, model: ModelConfig) -> Callable[[np.ndarray], np.ndarray]:
-    """Per-sequence cost of lengths [B]: 'flops' (grlib.perf's training FLOPs) or 'tokens'."""
-    if kind == "tokens":
+def cost_function(cfg: DistConfig, model: ModelConfig) -> Callable[[np.ndarray], np.ndarray]:
+    """Per-sequence cost of lengths [B]: 'flops' (grlib.perf's training FLOPs), 'tokens', or the
+    calibrated 'quadratic' c0 + a*s + b*s^2 (grlib.dist.cost)."""
+    if cfg.cost == "tokens":
         return lambda lengths: np.asarray(lengths, dtype=np.float64)
-    if kind == "flops":
-        return lambda lengths: np.array([sequence_flops(np.array([s]), model) for s in np.asarray(lengths)])
-    raise ValueError(f"cost must be 'flops' or 'tokens', got {kind!r}")
+    if cfg.cost == "flops":
+        return FlopsCost(model)
+    if cfg.cost == "quadratic":
+        return QuadraticCost(*cfg.quadratic)
+    raise ValueError(f"dist.cost must be 'flops', 'tokens' or 'quadratic', got {cfg.cost!r}")
 
 
 @dataclass
@@ -216,5 +219,5 @@ def build(model: nn.Module, path: NegativePath, opt: Optimizers, cfg: DistConfig
           model_cfg: ModelConfig, seed: int, group=None) -> DataParallelSchedule:
     """The schedule of one rank's data-parallel training."""
     planner = Planner(path, rank, world, cfg.balance, equal_counts=cfg.equal_counts,
-                      cost=cost_function(cfg.cost, model_cfg), seed=seed)
+                      cost=cost_function(cfg, model_cfg), seed=seed)
     return DataParallelSchedule(DataParallelStep(model, path, opt, group), planner, cfg.dynamic)

@@ -153,8 +153,22 @@ def _mfu(scale: str) -> list[Found]:
     return found
 
 
+def _balance(scale: str) -> list[Found]:
+    run = _latest_run("balance", scale)
+    if run.height == 0:
+        return []
+    from grlib.experiments import balance_stage
+
+    fit = run.filter(pl.col("part") == "calibrate").row(0, named=True) if "part" in run.columns else None
+    params = (f"; cost {fit['c0']:.3g} + {fit['a']:.3g}*s + {fit['b']:.3g}*s^2 s (R^2 {fit['r2']:.4f})"
+              if fit else "")
+    note = _run_note(run, "balance") + params
+    return [Found(r["target"], r["check"], Figure.of(r["value"], registry.target(r["target"]).unit).short(),
+                  note, r["met"]) for r in balance_stage.acceptance(run).iter_rows(named=True)]
+
+
 READERS: dict[str, Callable[[str], list[Found]]] = {
-    "kernels": _kernels, "negatives": _negatives, "train": _quality, "bench_train": _mfu}
+    "balance": _balance, "kernels": _kernels, "negatives": _negatives, "train": _quality, "bench_train": _mfu}
 
 
 def _claim_rows(scale: str, t: Target, found: list[Found]) -> list[dict]:
