@@ -40,7 +40,8 @@ def device_name(device: str | torch.device = "cpu") -> str:
 
 @functools.cache
 def hardware(device: str = "cpu") -> dict[str, str | int]:
-    """cpu, cores, threads, torch / fbgemm versions, device; cached per process."""
+    """cpu, cores, threads, torch / fbgemm versions, device, and the process layout (world: ranks in
+    all, local_world: ranks per node; 1 and 1 for one process) from torchrun's environment."""
     fbgemm = _version("fbgemm-gpu-cpu")
     if fbgemm == "absent":
         fbgemm = _version("fbgemm-gpu")
@@ -55,6 +56,8 @@ def hardware(device: str = "cpu") -> dict[str, str | int]:
         "python": platform.python_version(),
         "os": f"{platform.system()} {platform.release()}",
         "device": device_name(device),
+        "world": int(os.environ.get("WORLD_SIZE", "1")),
+        "local_world": int(os.environ.get("LOCAL_WORLD_SIZE", os.environ.get("WORLD_SIZE", "1"))),
     }
 
 

@@ -160,3 +160,36 @@ def test_torchrun_runs_the_train_command(tmp_path, isolated_outputs):
     assert run.returncode == 0, run.stderr[-2000:]
     row = json.loads(out.read_text())
     assert (row["world"], row["balance"], row["steps"]) == (2, "lpt", 3)
+
+
+def test_a_rank_killed_mid_training_ends_the_run_with_an_error_naming_it(tmp_path, isolated_outputs):
+    """No hook in the code: rank 1's process is SIGKILLed while the ranks train; the command must exit
+    (status 1) naming rank 1, leaving no process behind, within a bounded time (no hang)."""
+    import os
+    import signal
+    import time
+
+    psutil = pytest.importorskip("psutil", reason="psutil finds the ranks' processes")
+    cmd = [sys.executable, "-m", "grlib", "train", "--scale", "smoke", "--world", "2", "--max-steps", "100000",
+           "-o", "train.epochs=1000"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=os.environ.copy())
+    try:
+        deadline = time.monotonic() + 120
+        ranks = []
+        while time.monotonic() < deadline and len(ranks) < 2:
+            ranks = [c for c in psutil.Process(proc.pid).children() if "spawn" in " ".join(c.cmdline())]
+            time.sleep(0.2)
+        assert len(ranks) == 2, "the two ranks did not start"
+        time.sleep(8)  # past start-up: the ranks are training
+        assert proc.poll() is None
+        victim = sorted(ranks, key=lambda c: c.create_time())[1]  # started second: rank 1
+        killed = time.monotonic()
+        os.kill(victim.pid, signal.SIGKILL)
+        _, err = proc.communicate(timeout=90)
+        assert time.monotonic() - killed < 60
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 1, err[-2000:]
+    assert "rank 1" in err
+    assert not [c for c in ranks if c.is_running() and c.status() != psutil.STATUS_ZOMBIE]

@@ -6,8 +6,10 @@
     python -m grlib train --scale smoke --dataset ml-100k --model hstu --json out.json
     python -m grlib data prepare --dataset synthetic --out DIR
 
-A user mistake (a bad scale, parameter, override, data file, checkpoint or output folder, or a
-notebook cell that raised) prints one line `error: ...` on stderr and exits with status 2.
+A user mistake (a bad scale, parameter, override, data file, checkpoint or output folder, process
+layout, or a notebook cell that raised) prints one line `error: ...` on stderr and exits with
+status 2. A rank of a multi-process run that fails prints `error:` with the rank and its traceback's
+tail, and exits with status 1.
 """
 # One module per command: notebook (with the papermill runner), train, data; `config` is below and
 # the benchmarks are grlib.bench. Commands call experiments and the library, never the other way
@@ -62,12 +64,18 @@ def user_errors() -> tuple[type[BaseException], ...]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from grlib.dist.launch import RankFailed
+    from grlib.dist.topology import TopologyError
+
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)
-    except user_errors() as err:
+    except (*user_errors(), TopologyError) as err:
         print(f"error: {_one_line(str(err))}", file=sys.stderr)
         return 2
+    except RankFailed as err:  # a rank of `train --world N` failed: its traceback's tail, as it was
+        print(f"error: {err}", file=sys.stderr)
+        return 1
 
 
 def _one_line(message: str) -> str:
