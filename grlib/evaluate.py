@@ -12,10 +12,16 @@ one of the history items and the others are removed, ranking history items first
 target at rank 1 (a "most recent item" scorer then gets HR@1 = the repeat rate). So masking is
 refused for a split where some target repeats a history item: evaluate those without masking
 (`repeat_fraction` tells which protocol a split allows).
+
+A row-sharded item table (grlib.dist.sharded_embedding) scores only its own columns: its score
+function returns ShardScores, and each rank counts the items of its columns that beat or tie the
+target; summing the counts over ranks gives exactly the rank one process computes, with the
+target's score taken from its owner's columns.
 """
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -56,6 +62,40 @@ def ranks_from_scores(scores: Tensor, targets: Tensor, history: list[np.ndarray]
     return 1 + higher + ties
 
 
+@dataclass
+class ShardScores:
+    """One rank's columns [start, start + V_r) of the [B, V] scores, and how to sum over ranks."""
+
+    scores: Tensor  # [B, V_r]
+    start: int
+    n_items: int  # V
+    reduce: Callable[[Tensor], Tensor]  # a tensor summed over every rank (all-reduce)
+
+
+def ranks_from_shards(shard: ShardScores, targets: Tensor, history: list[np.ndarray] | None = None) -> Tensor:
+    """ranks_from_scores over the ranks' columns: the same ranks [B], computed shard by shard."""
+    scores, start = shard.scores, shard.start
+    B, width = scores.shape
+    mine = (targets >= start) & (targets < start + width)  # [B] targets whose column is here
+    target_scores = torch.zeros(B, dtype=scores.dtype)
+    target_scores[mine] = scores[mine, targets[mine] - start]
+    target_scores = shard.reduce(target_scores)[:, None]  # [B, 1]: the owner's value, zeros elsewhere
+    competing = torch.ones_like(scores, dtype=torch.bool)  # [B, V_r]
+    competing[:, :max(0, min(width, FIRST_ITEM_ID - start))] = False
+    if history is not None:
+        rows, items = _history_index(history)
+        hit = items == targets[rows]
+        if bool(hit.any()):
+            b = int(rows[hit][0])
+            raise ValueError(f"history masking would reveal the target: row {b}'s target {int(targets[b])} is in "
+                             f"its history (repeat consumption); evaluate this split with mask_history=False")
+        here = (items >= start) & (items < start + width)
+        competing[rows[here], items[here] - start] = False
+    competing[mine.nonzero().reshape(-1), targets[mine] - start] = False
+    counts = (((scores > target_scores) | (scores == target_scores)) & competing).sum(1)  # [B]
+    return 1 + shard.reduce(counts.to(torch.int64))
+
+
 def metrics_from_ranks(ranks: Tensor) -> dict[str, float]:
     ranks = ranks.to(torch.float64)
     out = {f"hr@{k}": float((ranks <= k).double().mean()) for k in KS}
@@ -69,11 +109,16 @@ def metrics_from_ranks(ranks: Tensor) -> dict[str, float]:
 @torch.no_grad()
 def evaluate(score_fn: Callable[[JaggedBatch], Tensor], batches: Iterable[JaggedBatch],
              mask_history: bool = True) -> dict[str, float]:
-    """score_fn maps a batch to [B, V] scores of the item after each sequence's last token."""
+    """score_fn maps a batch to [B, V] scores of the item after each sequence's last token (or to a
+    ShardScores: this rank's columns; every rank then evaluates the same batches)."""
     ranks = []
     for batch in batches:
         history = batch.history if mask_history else None
-        ranks.append(ranks_from_scores(score_fn(batch).float(), batch.eval_targets, history))
+        scores = score_fn(batch)
+        if isinstance(scores, ShardScores):
+            ranks.append(ranks_from_shards(scores, batch.eval_targets, history))
+        else:
+            ranks.append(ranks_from_scores(scores.float(), batch.eval_targets, history))
     return metrics_from_ranks(torch.cat(ranks))
 
 

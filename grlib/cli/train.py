@@ -55,6 +55,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="how the global batch's sequences go to ranks (none: contiguous split)")
     p.add_argument("--cost", default="flops", choices=choices.BALANCE_COSTS, help="the cost the balancer evens out")
     p.add_argument("--backend", default="auto", choices=choices.BACKENDS, help="torch.distributed backend")
+    p.add_argument("--items", default="replicated", choices=choices.ITEM_SHARDING,
+                   help="the item table on every rank, or row-sharded over ranks with a flat or two-stage all-to-all")
+    p.add_argument("--dedup", default="rank", choices=choices.ITEM_DEDUP,
+                   help="sharded items: send each id once per rank, or once per node (hierarchical only)")
     p.add_argument("--static-plan", action="store_true",
                    help="plan each step inline (default: step i+1's assignment is planned while step i runs)")
     p.add_argument("--params-only", action="store_true",
@@ -139,7 +143,7 @@ def _run_ranks(args: argparse.Namespace, cfg, env_world: int) -> dict | None:
 
 def _dist_config(args: argparse.Namespace, world: int, nodes: int) -> DistConfig:
     return DistConfig(world=world, nodes=nodes, backend=args.backend, balance=args.balance, cost=args.cost,
-                      dynamic=not args.static_plan)
+                      dynamic=not args.static_plan, items=args.items, dedup=args.dedup)
 
 
 def _fmt(v) -> str:

@@ -32,3 +32,5 @@ REGIMES = ("truncated", "scaled")  # ablations.kernels.regimes: real lengths cut
 BALANCERS = ("none", "random", "snake", "lpt", "kk")  # none: contiguous split of the global batch
 BALANCE_COSTS = ("flops", "tokens", "quadratic")  # the per-sequence cost the balancer evens out (quadratic: calibrated)
 BACKENDS = ("auto", "gloo", "nccl", "hccl")
+ITEM_SHARDING = ("replicated", "flat", "hierarchical")  # the item table: on every rank, or row-sharded (all-to-all)
+ITEM_DEDUP = ("none", "rank", "node")  # ids sent once per rank / once per node (hierarchical only)

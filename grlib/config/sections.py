@@ -145,6 +145,8 @@ class DistConfig:
     cost: str = "flops"  # choices.BALANCE_COSTS: the per-sequence cost the balancer evens out
     quadratic: tuple[float, ...] = ()  # cost "quadratic": (c0, a, b) of c0 + a*s + b*s^2 (grlib.dist.cost)
     dynamic: bool = True  # plan step i+1 (assignment, negatives) in a worker while step i runs
+    items: str = "replicated"  # choices.ITEM_SHARDING: the item table on every rank, or row-sharded
+    dedup: str = "rank"  # choices.ITEM_DEDUP: ids de-duplicated before the all-to-all (sharded items)
     timeout_s: float = 300.0  # a collective waiting longer fails (a dead rank ends the others)
 
     def __post_init__(self) -> None:
@@ -156,6 +158,10 @@ class DistConfig:
         one_of(self.balance, choices.BALANCERS, "dist.balance")
         one_of(self.cost, choices.BALANCE_COSTS, "dist.cost")
         check(self.timeout_s > 0, "dist.timeout_s", f"must be > 0, got {self.timeout_s}")
+        one_of(self.items, choices.ITEM_SHARDING, "dist.items")
+        one_of(self.dedup, choices.ITEM_DEDUP, "dist.dedup")
+        check(self.dedup != "node" or self.items == "hierarchical", "dist.dedup",
+              f"'node' de-duplicates inside the two-stage exchange: needs dist.items='hierarchical', got {self.items!r}")
         check((self.cost == "quadratic") == (len(self.quadratic) == 3), "dist.quadratic",
               f"needs (c0, a, b) exactly when dist.cost is 'quadratic', got {self.quadratic} with cost {self.cost!r}")
 

@@ -40,6 +40,7 @@ from torch import Tensor, nn
 from grlib.config import DistConfig, ModelConfig
 from grlib.dist.balance import assign, imbalance
 from grlib.dist.cost import FlopsCost, QuadraticCost
+from grlib.dist.sharded_embedding import ShardedRows
 from grlib.jagged import JaggedBatch
 from grlib.model.dropout import global_rows
 from grlib.negatives.path import ATTACHMENT, NegativePath, NegativeSample, PreparedSample
@@ -146,17 +147,23 @@ class GradientSync:
 
 
 class DataParallelStep:
-    """The training step of one rank (the phases of grlib.train.step.TrainStep, plus comm)."""
+    """The training step of one rank (the phases of grlib.train.step.TrainStep, plus comm). Row
+    shards of a sharded item table are not all-reduced: their owners hold their whole gradient."""
 
     def __init__(self, model: nn.Module, path: NegativePath, opt: Optimizers, group=None):
         self.model, self.path, self.opt, self.group = model, path, opt, group
-        self.sync = GradientSync([p for p in model.parameters() if p.requires_grad], group)
+        self.tables = [m for m in model.modules() if isinstance(m, ShardedRows)]
+        shards = {id(p) for m in self.tables for p in m.parameters()}
+        self.sync = GradientSync([p for p in model.parameters() if p.requires_grad and id(p) not in shards], group)
+        if shards:
+            opt.sharded, opt.reduce = frozenset(shards), _sum_over(group)
 
     def __call__(self, plans: Iterator[RankPlan]) -> StepResult | None:
         t0 = time.perf_counter()
         plan = next(plans, None)
         if plan is None:
             return None
+        sent = self._link_bytes()
         check_same_batch(plan.fingerprint, self.group)
         t1 = time.perf_counter()
         with global_rows(plan.total_tokens, plan.token_index):
@@ -172,11 +179,17 @@ class DataParallelStep:
         grad_norm = self.opt.step()
         t6 = time.perf_counter()
         loads = plan.loads
+        intra, inter = np.subtract(self._link_bytes(), sent)
         return StepResult(plan.local, global_loss, grad_norm, self.opt.lr,
                           {"data": t1 - t0, "forward": t2 - t1, "loss": t3 - t2, "backward": t4 - t3,
                            "comm": t5 - t4, "optimizer": t6 - t5},
                           extra={"allreduce_s": waited, "plan_s": plan.plan_s, "imbalance_model": imbalance(loads),
-                                 "global_tokens": plan.total_tokens})
+                                 "global_tokens": plan.total_tokens, "items_intra_bytes": float(intra),
+                                 "items_inter_bytes": float(inter)})
+
+    def _link_bytes(self) -> tuple[int, int]:
+        """Bytes this rank has sent for the sharded item tables so far (intra-node, inter-node)."""
+        return (sum(m.counters.intra_bytes for m in self.tables), sum(m.counters.inter_bytes for m in self.tables))
 
 
 def check_same_batch(fingerprint: Tensor, group=None) -> None:
@@ -206,6 +219,14 @@ class DataParallelSchedule:
             feed = (self.planner(b) for b in batches)
             while (result := self.step(feed)) is not None:
                 yield result
+
+
+def _sum_over(group):
+    def reduce(x: Tensor) -> Tensor:
+        x = x.clone()
+        dist.all_reduce(x, group=group)
+        return x
+    return reduce
 
 
 def broadcast_parameters(model: nn.Module, group=None) -> None:

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import os
+import pickle
 import signal
 import socket
 import threading
@@ -163,7 +164,7 @@ def _receive(rank: int, conn: Connection, results: dict[int, Any], failed: dict[
              open_conns: dict[int, Connection]) -> None:
     """Read one message of `rank`, or note the end of its pipe."""
     try:
-        kind, payload = conn.recv()
+        kind, payload = pickle.loads(conn.recv_bytes())  # plain pickle: tensors by value (see _child)
     except EOFError:
         open_conns.pop(rank, None)
         return
@@ -217,12 +218,13 @@ def _child(fn: Callable[..., Any], args: tuple, kwargs: dict, env: dict[str, str
         runtime = init_runtime(backend=backend, timeout_s=timeout_s)
         try:
             value = fn(runtime, *args, **kwargs)
-            conn.send(("ok", value))
+            # plain pickle, not multiprocessing's: its tensor reduction shares memory that dies with this process
+            conn.send_bytes(pickle.dumps(("ok", value)))
         finally:
             runtime.close()
     except BaseException:  # noqa: BLE001  (reported to the parent, then this rank exits 1)
         try:
-            conn.send(("error", traceback.format_exc()))
+            conn.send_bytes(pickle.dumps(("error", traceback.format_exc())))
             conn.close()
         finally:
             os._exit(1)  # no teardown: a process group whose peer died may block in its destructor

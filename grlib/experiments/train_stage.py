@@ -55,6 +55,7 @@ def fit_and_evaluate(cfg: Config, ds: Dataset, peak: float | None = None, *, che
     else:
         torch.manual_seed(cfg.train.seed)
         model = build_model(cfg.model, data.n_items, max_len)
+        count = parameter_count(model)  # before a data-parallel run shards the item table
         flops = lambda batch: perf.batch_flops(batch.offsets, cfg.model)  # noqa: E731
         start = time.perf_counter()
         fit = train(model, data, cfg.train, max_len, cfg.negatives, validate=lambda m: val(last_token_scores(m)),
@@ -63,7 +64,6 @@ def fit_and_evaluate(cfg: Config, ds: Dataset, peak: float | None = None, *, che
                     runtime=runtime, dist_cfg=dist_cfg)
         wall = time.perf_counter() - start
         score = last_token_scores(model)
-        count = parameter_count(model)
         useful = sum(r["flops"] for r in fit.timeline)
         row = {"params": count.total, "params_dense": count.dense, "steps": fit.steps, "best_epoch": fit.best_epoch,
                "train_s": wall, "tokens_per_s": fit.tokens_per_s,
@@ -90,9 +90,15 @@ def _dist_figures(timeline: list[dict], dist_cfg: DistConfig) -> dict:
     spent inside the gradient all-reduce (waiting for the slowest rank, then the transfer)."""
     step_s = sum(sum(r[f"{p}_s"] for p in PHASES) for r in timeline)
     wait = sum(r.get("allreduce_s", 0.0) for r in timeline)
-    return {"world": dist_cfg.world, "nodes": dist_cfg.nodes, "balance": dist_cfg.balance,
+    return {"world": dist_cfg.world, "nodes": dist_cfg.nodes, "balance": dist_cfg.balance, "items": dist_cfg.items,
             "allreduce_fraction": wait / step_s if step_s else float("nan"),
-            "step_ms": 1e3 * step_s / len(timeline) if timeline else float("nan")}
+            "step_ms": 1e3 * step_s / len(timeline) if timeline else float("nan"),
+            "items_inter_mb_per_step": _per_step_mb(timeline, "items_inter_bytes"),
+            "items_intra_mb_per_step": _per_step_mb(timeline, "items_intra_bytes")}
+
+
+def _per_step_mb(timeline: list[dict], key: str) -> float:
+    return sum(r.get(key, 0.0) for r in timeline) / 2**20 / len(timeline) if timeline else float("nan")
 
 
 def fit_rank(runtime, cfg: Config, dataset: str, dist_cfg: DistConfig, checkpoint_dir: str | None = None,

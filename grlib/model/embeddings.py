@@ -10,7 +10,9 @@ table plugs in:
     lookup(ids)         [N] distinct ids -> [N, d] their L2-normalised rows (differentiable); only
                         these rows are normalised (the loss looks each row up once per step,
                         grlib.negatives.path)
-    score_all(user)     [B, d] -> [B, V] dot products with every normalised row (full ranking)
+    score_all(user)     [B, d] -> [B, V] dot products with every normalised row (full ranking); a
+                        row-sharded table (grlib.dist.sharded_embedding) replaces `items` and
+                        returns its own columns (grlib.evaluate.ShardScores)
     sparse_parameters() the row-wise tables (lazy Adam, grlib.train.optim)
 """
 from __future__ import annotations
@@ -71,7 +73,9 @@ class Embeddings(nn.Module):
     def lookup(self, ids: Tensor) -> Tensor:  # [N] ids -> [N, d], L2-normalised
         return F.normalize(self.items(ids), dim=-1)
 
-    def score_all(self, user: Tensor) -> Tensor:  # [B, d] -> [B, V]
+    def score_all(self, user: Tensor) -> Tensor:  # [B, d] -> [B, V] (a sharded table: its own columns)
+        if not isinstance(self.items, nn.Embedding):  # a row-sharded table (grlib.dist.sharded_embedding)
+            return self.items.score(user)
         return user @ F.normalize(self.items.weight, dim=-1).T
 
     def sparse_parameters(self) -> list[nn.Parameter]:

@@ -92,6 +92,10 @@ def train(model: nn.Module, data: SequenceData, cfg: TrainConfig, max_len: int, 
         from grlib.dist import data_parallel
 
         data_parallel.broadcast_parameters(model, runtime.world_group)
+        if dist_cfg is not None and dist_cfg.items != "replicated":
+            from grlib.dist.sharded_embedding import shard_item_table
+
+            shard_item_table(model, runtime, dist_cfg.items, dist_cfg.dedup)
     path = build_negative_path(negatives, data.n_items, data.train_item_counts(), seed=cfg.seed)
     opt = Optimizers(model, cfg)
     pos, result, best = _Position(), TrainResult(), {"state": None, "metric": -np.inf}

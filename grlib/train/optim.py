@@ -55,6 +55,8 @@ class Optimizers:
         dense = [p for p in model.parameters() if id(p) not in ids and p.requires_grad]
         self.params = [p for p in model.parameters() if p.requires_grad]
         self.clip = cfg.grad_clip
+        self.sharded: frozenset[int] = frozenset()  # ids of parameters each rank holds a part of (row shards)
+        self.reduce = None  # sums a tensor over ranks (set with `sharded` by grlib.dist.data_parallel)
         self.opts: list[torch.optim.Optimizer] = [
             torch.optim.AdamW(dense, lr=cfg.lr, betas=BETAS, weight_decay=cfg.weight_decay, fused=True)]
         if sparse:
@@ -69,7 +71,7 @@ class Optimizers:
 
     def step(self) -> float:
         """Clips (if configured), steps every optimizer and schedule; returns the gradient norm."""
-        norm = clip_norm(self.params, self.clip)
+        norm = clip_norm(self.params, self.clip, self.sharded, self.reduce)
         for o in self.opts:
             o.step()
         for s in self.schedules:
@@ -90,10 +92,31 @@ class Optimizers:
             o.load_state_dict(s)
 
 
-def clip_norm(params: list[Tensor], max_norm: float) -> float:
+def clip_norm(params: list[Tensor], max_norm: float, sharded: frozenset[int] = frozenset(),
+              reduce=None) -> float:
+    """Clips the global gradient norm to max_norm (0: only measures it); returns the norm before.
+    Parameters in `sharded` are parts of one tensor spread over ranks: their squared norms are
+    summed over ranks with `reduce` (every rank then clips by the same global norm)."""
+    if sharded:
+        return _clip_sharded(params, max_norm, sharded, reduce)
     grads = [p for p in params if p.grad is not None]
     if not grads:
         return 0.0
     if max_norm > 0:
         return float(torch.nn.utils.clip_grad_norm_(grads, max_norm))
     return float(torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(p.grad) for p in grads])))
+
+
+def _clip_sharded(params: list[Tensor], max_norm: float, sharded: frozenset[int], reduce) -> float:
+    grads = [p.grad for p in params if p.grad is not None]
+    mine = sum(float(torch.linalg.vector_norm(p.grad, dtype=torch.float64)) ** 2
+               for p in params if p.grad is not None and id(p) in sharded)
+    same = sum(float(torch.linalg.vector_norm(p.grad, dtype=torch.float64)) ** 2
+               for p in params if p.grad is not None and id(p) not in sharded)
+    total = (same + float(reduce(torch.tensor([mine], dtype=torch.float64))[0])) ** 0.5
+    if max_norm > 0:
+        coef = min(1.0, max_norm / (total + 1e-6))
+        if coef < 1.0:
+            for g in grads:
+                g.mul_(coef)
+    return total
