@@ -162,16 +162,18 @@ def test_torchrun_runs_the_train_command(tmp_path, isolated_outputs):
     assert (row["world"], row["balance"], row["steps"]) == (2, "lpt", 3)
 
 
-def test_a_rank_killed_mid_training_ends_the_run_with_an_error_naming_it(tmp_path, isolated_outputs):
-    """No hook in the code: rank 1's process is SIGKILLed while the ranks train; the command must exit
-    (status 1) naming rank 1, leaving no process behind, within a bounded time (no hang)."""
+@pytest.mark.parametrize("items", ["replicated", "flat"])
+def test_a_rank_killed_mid_training_ends_the_run_with_an_error_naming_it(tmp_path, isolated_outputs, items):
+    """No hook in the code: rank 1's process is SIGKILLed while the ranks train (with a sharded item
+    table: inside all-to-alls); the command must exit (status 1) naming rank 1, leaving no process
+    behind, within a bounded time (no hang)."""
     import os
     import signal
     import time
 
     psutil = pytest.importorskip("psutil", reason="psutil finds the ranks' processes")
     cmd = [sys.executable, "-m", "grlib", "train", "--scale", "smoke", "--world", "2", "--max-steps", "100000",
-           "-o", "train.epochs=1000"]
+           "-o", "train.epochs=1000", "--items", items]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=os.environ.copy())
     try:
         deadline = time.monotonic() + 120

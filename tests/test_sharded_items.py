@@ -138,3 +138,42 @@ def test_training_with_sharded_items_equals_one_process(single_run, items, dedup
     for k in ("test_ndcg@10", "test_hr@10", "test_mrr", "val_ndcg@10"):
         assert got[0]["row"][k] == pytest.approx(single_run.row[k], abs=1e-6), k
     assert got[0]["row"]["items"] == items and got[0]["row"]["params"] == single_run.row["params"]
+
+
+def _fit(cfg, ckpt: str | None, every: int = 0):
+    from grlib.data.catalog import load_dataset
+    from grlib.experiments.train_stage import fit_and_evaluate
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return fit_and_evaluate(cfg, load_dataset(cfg, "scale"), None, checkpoint_dir=ckpt, checkpoint_every=every)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def test_sharded_checkpoints_resume_on_the_same_and_on_other_world_sizes(single_run, tmp_path):
+    """2 sharded ranks checkpoint at step 8 and resume to 20 (same world); their checkpoints resharded
+    for one process resume there (2 -> 1); one process's checkpoint resharded for 2 ranks (1 -> 2).
+    Every resumed run ends with the uninterrupted single-process losses and metrics."""
+    from grlib.dist.reshard import reshard
+    from grlib.experiments.train_stage import fit_rank
+
+    dist_cfg = DistConfig(world=2, balance="kk", items="flat")
+    two, one, back = (str(tmp_path / n) for n in ("two", "one", "back"))
+    launch(fit_rank, 2, args=(_smoke(8), "scale", dist_cfg, two, 4, False))
+    assert [p.name for p in reshard(two, one, 1)] == ["last.pt"]  # 2 -> 1 at step 8
+    resumed = launch(fit_rank, 2, args=(_smoke(20), "scale", dist_cfg, two, 4, False))[0]  # same world
+    assert resumed["row"]["resumed_from"] == 8
+    assert np.max(np.abs(np.subtract(resumed["losses"], single_run.losses))) <= 1e-5
+    fit = _fit(_smoke(20), one)
+    assert fit.row["resumed_from"] == 8
+    assert np.max(np.abs(np.subtract(fit.losses, single_run.losses))) <= 1e-5
+    assert fit.row["test_ndcg@10"] == pytest.approx(single_run.row["test_ndcg@10"], abs=1e-6)
+
+    _fit(_smoke(8), str(tmp_path / "single"), every=4)  # 1 -> 2 at step 8
+    reshard(tmp_path / "single", back, 2)
+    got = launch(fit_rank, 2, args=(_smoke(20), "scale", dist_cfg, back, 4, False))[0]
+    assert got["row"]["resumed_from"] == 8
+    assert np.max(np.abs(np.subtract(got["losses"], single_run.losses))) <= 1e-5
+    assert got["row"]["test_ndcg@10"] == pytest.approx(single_run.row["test_ndcg@10"], abs=1e-6)
