@@ -59,8 +59,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="the item table on every rank, or row-sharded over ranks with a flat or two-stage all-to-all")
     p.add_argument("--dedup", default="rank", choices=choices.ITEM_DEDUP,
                    help="sharded items: send each id once per rank, or once per node (hierarchical only)")
-    p.add_argument("--static-plan", action="store_true",
-                   help="plan each step inline (default: step i+1's assignment is planned while step i runs)")
+    p.add_argument("--schedule", default="prefetch", choices=choices.SCHEDULES,
+                   help="sync: plan each step inline; prefetch: plan step i+1 (and its id all-to-alls) during step i; "
+                        "semisync: prefetch, and input item rows looked up --staleness steps early")
+    p.add_argument("--staleness", type=int, default=0, help="semisync's k (0 = the rows of sync)")
     p.add_argument("--params-only", action="store_true",
                    help="only print every scale's parameter counts (meta device, no data, no training)")
     p.set_defaults(func=run_cli)
@@ -143,7 +145,7 @@ def _run_ranks(args: argparse.Namespace, cfg, env_world: int) -> dict | None:
 
 def _dist_config(args: argparse.Namespace, world: int, nodes: int) -> DistConfig:
     return DistConfig(world=world, nodes=nodes, backend=args.backend, balance=args.balance, cost=args.cost,
-                      dynamic=not args.static_plan, items=args.items, dedup=args.dedup)
+                      schedule=args.schedule, staleness=args.staleness, items=args.items, dedup=args.dedup)
 
 
 def _fmt(v) -> str:

@@ -34,3 +34,4 @@ BALANCE_COSTS = ("flops", "tokens", "quadratic")  # the per-sequence cost the ba
 BACKENDS = ("auto", "gloo", "nccl", "hccl")
 ITEM_SHARDING = ("replicated", "flat", "hierarchical")  # the item table: on every rank, or row-sharded (all-to-all)
 ITEM_DEDUP = ("none", "rank", "node")  # ids sent once per rank / once per node (hierarchical only)
+SCHEDULES = ("sync", "prefetch", "semisync")  # dist.schedule (grlib.dist.schedules)

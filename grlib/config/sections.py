@@ -144,7 +144,8 @@ class DistConfig:
     equal_counts: bool = True  # every rank gets B // P or B // P + 1 sequences
     cost: str = "flops"  # choices.BALANCE_COSTS: the per-sequence cost the balancer evens out
     quadratic: tuple[float, ...] = ()  # cost "quadratic": (c0, a, b) of c0 + a*s + b*s^2 (grlib.dist.cost)
-    dynamic: bool = True  # plan step i+1 (assignment, negatives) in a worker while step i runs
+    schedule: str = "prefetch"  # choices.SCHEDULES: sync | prefetch (step i+1 planned during step i) | semisync
+    staleness: int = 0  # semisync: input item rows of batch i+k looked up k updates early (0 = sync)
     items: str = "replicated"  # choices.ITEM_SHARDING: the item table on every rank, or row-sharded
     dedup: str = "rank"  # choices.ITEM_DEDUP: ids de-duplicated before the all-to-all (sharded items)
     timeout_s: float = 300.0  # a collective waiting longer fails (a dead rank ends the others)
@@ -158,6 +159,9 @@ class DistConfig:
         one_of(self.balance, choices.BALANCERS, "dist.balance")
         one_of(self.cost, choices.BALANCE_COSTS, "dist.cost")
         check(self.timeout_s > 0, "dist.timeout_s", f"must be > 0, got {self.timeout_s}")
+        one_of(self.schedule, choices.SCHEDULES, "dist.schedule")
+        check(self.staleness >= 0 and (self.staleness == 0 or self.schedule == "semisync"), "dist.staleness",
+              f"must be >= 0, and > 0 only with dist.schedule='semisync'; got {self.staleness} with {self.schedule!r}")
         one_of(self.items, choices.ITEM_SHARDING, "dist.items")
         one_of(self.dedup, choices.ITEM_DEDUP, "dist.dedup")
         check(self.dedup != "node" or self.items == "hierarchical", "dist.dedup",

@@ -28,6 +28,9 @@ all_gather_single, subgroups), so gloo, nccl and hccl run the same code.
 """
 from __future__ import annotations
 
+import dataclasses
+import time
+
 from dataclasses import asdict, dataclass, fields
 from typing import Any, Sequence
 
@@ -51,6 +54,7 @@ class LinkCounters:
     inter_messages: int = 0
     meta_bytes: int = 0
     calls: int = 0
+    seconds: float = 0.0  # wall time inside this rank's all_to_all_single calls (waiting + transfer)
 
     def reset(self) -> None:
         for f in fields(self):
@@ -103,7 +107,10 @@ def _run_hop(x: Tensor, hop: _Hop, counters: LinkCounters | None) -> Tensor:
     if len(hop.send) == 1:  # a group of one: nothing leaves this rank
         return x
     out = x.new_empty((sum(hop.recv), *x.shape[1:]))
+    start = time.perf_counter()
     dist.all_to_all_single(out, x.contiguous(), list(hop.recv), list(hop.send), group=hop.group)
+    if counters is not None:
+        counters.seconds += time.perf_counter() - start
     return out
 
 
@@ -312,6 +319,14 @@ class Route:
         hop2 = _hop(runtime, "cross", send2.tolist(), recv2.tolist())
         served = _run_hop(staged.index_select(0, merge.fwd), hop2, counters)
         return cls(served, [*steps, merge, hop2], counters)
+
+    def rebind(self, source: Runtime, target: Runtime) -> Route:
+        """This route with its exchanges moved from `source`'s groups to `target`'s (same members):
+        a route built ahead on a side channel (grlib.dist.topology.side_channel) replies on the main groups."""
+        swap = {id(source.world_group): target.world_group, id(source.intra_group): target.intra_group,
+                id(source.cross_group): target.cross_group}
+        steps = [dataclasses.replace(s, group=swap[id(s.group)]) if isinstance(s, _Hop) else s for s in self._steps]
+        return Route(self.ids, steps, self._counters)
 
     def reply(self, rows: Tensor) -> Tensor:
         """rows [M, *F] (the answers for self.ids) -> [N, *F] aligned with the ids given to build.

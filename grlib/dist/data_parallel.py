@@ -19,8 +19,8 @@ and each rank keeps its tokens' rows; dropout draws the global batch's words and
 rows (grlib.model.dropout.global_rows). Balancing only moves sequences between ranks, never out of
 the global batch, so balanced runs equal it too, within float summation order.
 
-Planning (assignment, negatives, the local sub-batch) is pure host work: with `dynamic` a worker
-thread plans step i+1 while step i computes (grlib.train.prefetch.PrefetchWorker). Every step the
+Planning (assignment, negatives, the local sub-batch) is pure host work: under the prefetch and
+semisync schedules (grlib.dist.schedules) a worker thread plans step i+1 while step i computes. Every step the
 ranks all-gather a fingerprint of the global batch (sequences, tokens, a length checksum), so ranks
 that read different data (another seed, another dataset) stop with an error instead of training
 silently apart. Here the data is read whole by every rank (cheap next to a step); a loader that
@@ -29,7 +29,7 @@ reads only a share would all-gather the lengths and send the sequences with all_
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Generator, Iterable, Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import numpy as np
@@ -45,7 +45,6 @@ from grlib.jagged import JaggedBatch
 from grlib.model.dropout import global_rows
 from grlib.negatives.path import ATTACHMENT, NegativePath, NegativeSample, PreparedSample
 from grlib.train.optim import Optimizers
-from grlib.train.prefetch import PrefetchWorker
 from grlib.train.step import StepResult
 
 METHOD = {"none": "contiguous", "random": "random", "snake": "snake", "lpt": "lpt", "kk": "kk"}
@@ -77,7 +76,7 @@ class RankPlan:
     weight: float  # P_local / P_global: the local mean loss's share of the global mean
     loads: np.ndarray  # [P] the cost per rank of the assignment (the balancer's model)
     fingerprint: Tensor  # [3] int64: sequences, tokens, length checksum of the global batch
-    plan_s: float  # seconds spent planning (in the worker when dynamic)
+    plan_s: float  # seconds spent planning (in the schedule's worker, or inline under sync)
 
 
 class Planner:
@@ -183,7 +182,7 @@ class DataParallelStep:
         return StepResult(plan.local, global_loss, grad_norm, self.opt.lr,
                           {"data": t1 - t0, "forward": t2 - t1, "loss": t3 - t2, "backward": t4 - t3,
                            "comm": t5 - t4, "optimizer": t6 - t5},
-                          extra={"allreduce_s": waited, "plan_s": plan.plan_s, "imbalance_model": imbalance(loads),
+                          extra={"t_start": t0, "allreduce_s": waited, "plan_s": plan.plan_s, "imbalance_model": imbalance(loads),
                                  "global_tokens": plan.total_tokens, "items_intra_bytes": float(intra),
                                  "items_inter_bytes": float(inter)})
 
@@ -203,24 +202,6 @@ def check_same_batch(fingerprint: Tensor, group=None) -> None:
                            f"every rank needs the same data, seed and batch size")
 
 
-class DataParallelSchedule:
-    """Plans each global batch (in a worker one step ahead when dynamic) and runs the rank's step."""
-
-    def __init__(self, step: DataParallelStep, planner: Planner, dynamic: bool = True):
-        self.step, self.planner, self.dynamic = step, planner, dynamic
-
-    def run(self, batches: Iterable[JaggedBatch]) -> Generator[StepResult, None, None]:
-        if self.dynamic:
-            with PrefetchWorker(batches, self.planner, depth=1, name="grlib-plan") as worker:
-                feed = (plan for _, plan in worker)
-                while (result := self.step(feed)) is not None:
-                    yield result
-        else:
-            feed = (self.planner(b) for b in batches)
-            while (result := self.step(feed)) is not None:
-                yield result
-
-
 def _sum_over(group):
     def reduce(x: Tensor) -> Tensor:
         x = x.clone()
@@ -236,9 +217,15 @@ def broadcast_parameters(model: nn.Module, group=None) -> None:
             dist.broadcast(t, src=0, group=group)
 
 
-def build(model: nn.Module, path: NegativePath, opt: Optimizers, cfg: DistConfig, rank: int, world: int,
-          model_cfg: ModelConfig, seed: int, group=None) -> DataParallelSchedule:
-    """The schedule of one rank's data-parallel training."""
-    planner = Planner(path, rank, world, cfg.balance, equal_counts=cfg.equal_counts,
+def build(model: nn.Module, path: NegativePath, opt: Optimizers, cfg: DistConfig, runtime, model_cfg: ModelConfig,
+          seed: int):
+    """The schedule (grlib.dist.schedules.Schedule) of one rank's data-parallel training."""
+    from grlib.dist.schedules import Schedule
+    from grlib.dist.topology import side_channel
+
+    topo = runtime.topology
+    planner = Planner(path, topo.rank, topo.world, cfg.balance, equal_counts=cfg.equal_counts,
                       cost=cost_function(cfg, model_cfg), seed=seed)
-    return DataParallelSchedule(DataParallelStep(model, path, opt, group), planner, cfg.dynamic)
+    step = DataParallelStep(model, path, opt, runtime.world_group)
+    side = side_channel(runtime, cfg.timeout_s) if step.tables and cfg.schedule != "sync" else None
+    return Schedule(step, planner, cfg.schedule, cfg.staleness, side)

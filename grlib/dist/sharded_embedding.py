@@ -20,6 +20,7 @@ counts exactly (ShardScores): no row leaves its owner, no top-k cap.
 """
 from __future__ import annotations
 
+import collections
 from collections.abc import Sequence
 
 import torch
@@ -56,6 +57,7 @@ class ShardedRows(nn.Module):
         self.bounds = row_blocks(self.n_rows, topo.world)
         self.start, self.stop = self.bounds[topo.rank]
         self.weight = nn.Parameter(table[self.start:self.stop].detach().clone())  # [V_r, d]
+        self._prepared: collections.deque = collections.deque()  # (ids, route) built ahead, in lookup order
         self.register_buffer("_starts", torch.tensor([b[0] for b in self.bounds]), persistent=False)  # [P]
         if padding_idx is not None and self.start <= padding_idx < self.stop:
             local = padding_idx - self.start
@@ -64,11 +66,26 @@ class ShardedRows(nn.Module):
     def owner(self, ids: Tensor) -> Tensor:  # [N] -> [N] rank of each id
         return torch.searchsorted(self._starts, ids, right=True) - 1
 
-    def forward(self, ids: Tensor) -> Tensor:  # [N] int64 -> [N, d]
+    def route(self, ids: Tensor, runtime=None) -> Route:
+        """The exchange that looks `ids` [N] up (a collective over `runtime`'s groups, default this
+        table's): built ahead on a side channel by a prefetching schedule, then `prepare`d."""
         flat = ids.reshape(-1)
         if flat.numel() and (int(flat.min()) < 0 or int(flat.max()) >= self.n_rows):
             raise IndexError(f"item ids out of range [0, {self.n_rows})")
-        route = Route.build(flat, self.owner(flat), self.runtime, self.mode, self.dedup, self.counters)
+        return Route.build(flat, self.owner(flat), runtime or self.runtime, self.mode, self.dedup, self.counters)
+
+    def prepare(self, ids: Tensor, route: Route) -> None:
+        """Queues a route built ahead for the next lookup of exactly `ids` (lookups take them in order)."""
+        self._prepared.append((ids.reshape(-1), route))
+
+    def forward(self, ids: Tensor) -> Tensor:  # [N] int64 -> [N, d]
+        flat = ids.reshape(-1)
+        if self._prepared:
+            want, route = self._prepared.popleft()
+            if not torch.equal(want, flat):
+                raise RuntimeError("ShardedRows: the route prepared ahead was built for other ids than this lookup's")
+        else:
+            route = self.route(flat)
         rows = self.weight.index_select(0, route.ids - self.start)  # [M, d]
         return route.reply(rows).reshape(*ids.shape, self.dim)
 

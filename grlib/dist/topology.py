@@ -277,3 +277,25 @@ def init_runtime(topology: Topology | None = None, *, backend: str = "auto", tim
 def _group(ranks: list[int], world: int, timeout: datetime.timedelta) -> Any:
     """The world group itself when `ranks` are all ranks, else a new subgroup (a collective call)."""
     return dist.group.WORLD if len(ranks) == world else dist.new_group(ranks=ranks, timeout=timeout)
+
+
+def side_channel(runtime: Runtime, timeout_s: float = 300.0) -> Runtime:
+    """A Runtime over the same ranks with groups of its own (world, node, cross), so that a second
+    thread can run collectives while the main thread runs its own (a collective call: every rank
+    calls it, in the same order). Its close() leaves the process group to `runtime`."""
+    topo = runtime.topology
+    if topo.world == 1:
+        return Runtime(topology=topo, backend=runtime.backend, device=runtime.device, _open=False)
+    timeout = datetime.timedelta(seconds=timeout_s)
+    world = dist.new_group(ranks=list(range(topo.world)), timeout=timeout)
+    intra = cross = None
+    for node in range(topo.nodes):
+        group = dist.new_group(ranks=topo.node_ranks(node), timeout=timeout)
+        if node == topo.node:
+            intra = group
+    for local_rank in range(topo.local_world):
+        group = dist.new_group(ranks=topo.peers_with_local_rank(local_rank), timeout=timeout)
+        if local_rank == topo.local_rank:
+            cross = group
+    return Runtime(topology=topo, backend=runtime.backend, device=runtime.device, world_group=world,
+                   intra_group=intra, cross_group=cross, _open=False)

@@ -28,6 +28,7 @@ from grlib.data.schema import N_ACTION_CODES, PAD_ID
 from grlib.jagged import JaggedBatch
 from grlib.ops.attention import time_buckets
 
+ITEM_ROWS = "item_rows"  # batch.attachments key: the batch's item rows [T, d] looked up ahead (grlib.dist.schedules)
 N_GAP_BUCKETS = 32  # log2 buckets of the gap in seconds: 2**31 s is beyond any log
 
 
@@ -67,8 +68,9 @@ class Embeddings(nn.Module):
 
     def forward(self, batch: JaggedBatch) -> Tensor:  # -> [T, d]
         gap = time_buckets(time_gaps(batch.timestamps, batch.offsets), N_GAP_BUCKETS)
-        return (self.items(batch.item_ids) * math.sqrt(self.d) + self.actions(batch.actions)
-                + self.gaps(gap))
+        rows = batch.attachments.get(ITEM_ROWS)  # looked up ahead (a semi-synchronous schedule), else now
+        items = self.items(batch.item_ids) if rows is None else rows  # [T, d]
+        return items * math.sqrt(self.d) + self.actions(batch.actions) + self.gaps(gap)
 
     def lookup(self, ids: Tensor) -> Tensor:  # [N] ids -> [N, d], L2-normalised
         return F.normalize(self.items(ids), dim=-1)

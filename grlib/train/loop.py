@@ -111,8 +111,8 @@ def train(model: nn.Module, data: SequenceData, cfg: TrainConfig, max_len: int, 
     total = cfg.epochs * per_epoch if not cfg.max_steps else min(cfg.epochs * per_epoch, cfg.max_steps)
     save = (lambda: checkpoint.save(ckpt, _snapshot(model, opt, path, pos, result, best, run))) if ckpt else None
     if world > 1:
-        schedule = data_parallel.build(model, path, opt, dist_cfg or DistConfig(world=world), rank, world,
-                                       model.cfg, cfg.seed, runtime.world_group)
+        schedule = data_parallel.build(model, path, opt, dist_cfg or DistConfig(world=world), runtime, model.cfg,
+                                       cfg.seed)
     else:
         schedule = build_schedule(TrainStep(model, path, opt), negatives)
     model.train()
