@@ -19,7 +19,7 @@ from grlib.experiments.negatives_stage import Variant
 PAPER = {"C1.speedup": Figure(2.2, "x"), "C1.memory": Figure(70, "%"), "C2.before": Figure(47, "%"),
          "C2.after": Figure(2.4, "%"), "C3.all_to_all": Figure(-75.9, "%"), "C5.utilisation": Figure(94, "%"),
          "C7.mfu": Figure(54.71, "%"), "C7.scaling": Figure(0.97, "ratio")}  # the paper's figures (DESIGN table)
-NOT_YET = ("C3", "C4", "C5")
+NOT_YET = ("C4", "C5")
 
 
 def test_registry_covers_c1_to_c7_once_with_units():
@@ -101,6 +101,22 @@ def _balance_rows(before: float, after: float, sliced_random: float, sliced_lpt:
             {"part": "time-sliced", "method": "lpt", "ranks": 8, "imbalance_measured": sliced_lpt, **fit}]
 
 
+def _sparse_rows(cut: float, cut_dedup: float, gloo_error: float, hier_inter: int) -> list[dict]:
+    model = {"part": "model", "cluster": "gpu-8", "devices_per_node": 8, "bytes_per_peer": 2.0**20, "dedup_rank": 0.5,
+             "dedup": 0.2, "tokens_per_rank": 123_890.0, "d_model": 1536, "users_per_rank": 32, "max_len": 4096}
+    rows = [{**model, "ranks": P, "nodes": P // 8, "dedup_source": source, "cut": cut, "cut_node_vs_rank": cd}
+            for P in (64, 512, 1536) for source, cd in (("twin", cut_dedup), ("zipf-kuairand", cut_dedup / 2))]
+    rows += [{"part": "gloo", "ranks": 2, "nodes": 1, "bytes_per_peer": float(m), "error": e, "alpha_s": 1e-4,
+              "beta_s_per_byte": 5e-10, "load_before": 1.0, "load_after": 1.5, "cpus": 2}
+             for m, e in ((65536, gloo_error), (4 * 2**20, -gloo_error / 2))]
+    counted = {("flat", "none"): 1000, ("flat", "rank"): 600, ("hierarchical", "rank"): hier_inter,
+               ("hierarchical", "node"): 480}
+    rows += [{"part": "counters", "ranks": 4, "nodes": 2, "rank": r, "mode": mode, "dedup_by": dedup, "ids": 10,
+              "inter_bytes": b // 4, "inter_bytes_expected_total": b, "rows_equal": True}
+             for (mode, dedup), b in counted.items() for r in range(4)]
+    return rows
+
+
 def _bench_train_rows(layers: int, mfu: float) -> list[dict]:
     shape = {"d_model": 256, "n_layers": layers, "n_heads": 2, "batch": 64, "max_len": 128, "params": 2_014_848,
              "peak_flops": 3.6e11}
@@ -124,6 +140,7 @@ def test_report_shows_every_claim_at_every_scale(isolated_outputs):
     results.append_rows("negatives", _negative_rows(load_ablation("negatives")), smoke)
     results.append_rows("train", _train_rows(0.2, 0.1), smoke)
     results.append_rows("balance", _balance_rows(0.47, 0.0004, 0.60, 0.10), smoke)
+    results.append_rows("sparse", _sparse_rows(0.2, 0.8, 0.1, 600), smoke)
     results.append_rows("bench_train", _bench_train_rows(2, 0.333), laptop)
     results.append_rows("bench_train", _bench_train_rows(1, 0.258), laptop)
     assert report.scales() == ["smoke", "laptop"]
@@ -153,12 +170,25 @@ def test_report_shows_every_claim_at_every_scale(isolated_outputs):
     assert c2["C2.after"]["obtained"].startswith("modelled: balance run ") and "kk" in c2["C2.after"]["check"]
     assert (c2["C2.measured"]["ours"], c2["C2.measured"]["verdict"]) == ("0.167", "met")
     assert c2["C2.measured"]["obtained"].startswith("measured: balance run ")
+    c3 = smoke_rows.filter(pl.col("claim").str.starts_with("C3"))
+    a2a = c3.filter(pl.col("target") == "C3.all_to_all")
+    assert a2a["ours"].to_list() == ["-20%", "-80%"] * 3 and a2a["verdict"].to_list() == ["not met", "met"] * 3
+    assert set(a2a["paper"]) == {"-75.9%"} and all(o.startswith("modelled: sparse run ") for o in a2a["obtained"])
+    assert "1536 ranks = 192 nodes x 8" in a2a["check"][-1] and "123,890 tokens x d 1536" in a2a["obtained"][0]
+    c3 = {r["target"]: r for r in c3.filter(pl.col("target") != "C3.all_to_all").iter_rows(named=True)}
+    assert (c3["C3.gloo_fit"]["ours"], c3["C3.gloo_fit"]["verdict"]) == ("10%", "met")
+    assert c3["C3.gloo_fit"]["obtained"].startswith("measured: sparse run ")
+    assert "load 1.5 on 2 CPUs" in c3["C3.gloo_fit"]["check"]
+    assert (c3["C3.inter_bytes"]["ours"], c3["C3.inter_bytes"]["verdict"]) == ("0%", "met")
+    assert (c3["C3.dedup"]["ours"], c3["C3.dedup"]["verdict"]) == ("0.8", "(no threshold)")
     no_mfu = smoke_rows.filter(pl.col("target") == "C7.mfu").row(0, named=True)
     assert no_mfu["verdict"] == "not measured yet" and "no bench_train rows at smoke" in no_mfu["obtained"]
 
     lap = table.filter(pl.col("scale") == "laptop")
     assert lap.filter(pl.col("target") == "C2.after")["obtained"].to_list() == [
         "not measured yet: no balance rows at laptop"]
+    assert lap.filter(pl.col("target") == "C3.all_to_all")["obtained"].to_list() == [
+        "not measured yet: no sparse rows at laptop"]
     assert lap.filter(pl.col("target") == "C1.speedup")["obtained"].to_list() == [
         "not measured yet: no kernels rows at laptop"]
     mfu = lap.filter(pl.col("target") == "C7.mfu")

@@ -22,6 +22,7 @@ BENCHES = {
     "negatives": "grlib.bench.negatives",
     "load": "grlib.bench.load",
     "balance": "grlib.bench.balance",
+    "a2a": "grlib.bench.a2a",
 }
 
 

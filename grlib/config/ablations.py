@@ -154,8 +154,50 @@ class BalanceAblation:
               "sliced_max_len and pair_max_len must be >= 2")
 
 
+@dataclass(frozen=True)
+class SparseAblation:
+    """The grid of the sparse-parallelism experiment (notebooks/05_sparse_parallelism, `bench a2a`; claim C3).
+
+    gloo      all_to_all_single timed on gloo_ranks gloo processes (2; 4 runs as 2 nodes x 2) at each of
+              gloo_sizes bytes per peer, gloo_repeats times (median); alpha + beta * m fitted per message
+    counters  4 ranks (2 nodes x 2) look up lookup_users users each of one training batch of the scale's
+              data in a row-sharded table, flat and hierarchical; lookup_repeats timed lookups per variant
+    model     each of `presets` (grlib.sim.alltoall.PRESETS) at each of `ranks`, at the paper's shape
+              (users_per_rank users of KuaiRand-27K lengths cut at the paper preset's max_len, its d_model,
+              fp32); de-duplication factors from dedup_batches batches of the scale's item ids
+    memory    the shard each rank holds at 1, 2 and 4 ranks (measured), the paper's table at memory_ranks
+              ranks (computed)
+    torchrec  the same ids on 2 ranks through TorchRec's row-wise table and grlib's (when true and installed)
+    """
+
+    presets: list[str] = field(default_factory=lambda: ["gpu-8", "npu-16"])
+    ranks: list[int] = field(default_factory=lambda: [16, 64, 512, 1536])
+    users_per_rank: int = 32
+    dedup_batches: int = 4
+    gloo_ranks: list[int] = field(default_factory=lambda: [2, 4])
+    gloo_sizes: list[int] = field(default_factory=lambda: [2**k for k in range(16, 23)])  # 64 KiB .. 4 MiB
+    gloo_repeats: int = 15
+    lookup_users: int = 32
+    lookup_repeats: int = 5
+    memory_ranks: list[int] = field(default_factory=lambda: [8, 16, 64, 512, 1536])
+    torchrec: bool = True
+
+    def __post_init__(self) -> None:
+        name = "ablations.sparse"
+        check(len(self.presets) >= 1, f"{name}.presets", "needs at least one preset")
+        for f in ("ranks", "memory_ranks"):
+            check(len(getattr(self, f)) >= 1 and all(v >= 1 for v in getattr(self, f)), f"{name}.{f}",
+                  f"needs values >= 1, got {getattr(self, f)}")
+        for r in self.gloo_ranks:
+            check(r in (2, 4), f"{name}.gloo_ranks", f"{r!r} is not one of (2, 4) (4 runs as 2 nodes x 2)")
+        check(len(set(self.gloo_sizes)) >= 2 and all(s >= 1 for s in self.gloo_sizes), f"{name}.gloo_sizes",
+              f"needs >= 2 distinct sizes >= 1 byte (alpha and beta are fitted), got {self.gloo_sizes}")
+        for f in ("users_per_rank", "dedup_batches", "gloo_repeats", "lookup_users", "lookup_repeats"):
+            check(getattr(self, f) >= 1, f"{name}.{f}", f"must be >= 1, got {getattr(self, f)}")
+
+
 ABLATIONS: dict[str, type] = {"train": TrainAblation, "kernels": KernelsAblation, "negatives": NegativesAblation,
-                              "balance": BalanceAblation}
+                              "balance": BalanceAblation, "sparse": SparseAblation}
 
 
 def load_ablation(name: str, overrides: dict[str, Any] | str | None = None,

@@ -167,8 +167,25 @@ def _balance(scale: str) -> list[Found]:
                   note, r["met"]) for r in balance_stage.acceptance(run).iter_rows(named=True)]
 
 
+def _sparse(scale: str) -> list[Found]:
+    run = _latest_run("sparse", scale)
+    if run.height == 0:
+        return []
+    from grlib.experiments import sparse_stage
+
+    note = _run_note(run, "sparse")
+    model = run.filter(pl.col("part") == "model") if "part" in run.columns else run.clear()
+    if model.height:
+        r = model.row(0, named=True)
+        note += (f"; paper shape {r['tokens_per_rank']:,.0f} tokens x d {r['d_model']} fp32 per rank "
+                 f"({r['users_per_rank']} users, max_len {r['max_len']})")
+    return [Found(r["target"], r["check"], Figure.of(r["value"], registry.target(r["target"]).unit).short(),
+                  note, r["met"]) for r in sparse_stage.acceptance(run).iter_rows(named=True)]
+
+
 READERS: dict[str, Callable[[str], list[Found]]] = {
-    "balance": _balance, "kernels": _kernels, "negatives": _negatives, "train": _quality, "bench_train": _mfu}
+    "balance": _balance, "kernels": _kernels, "negatives": _negatives, "sparse": _sparse, "train": _quality,
+    "bench_train": _mfu}
 
 
 def _claim_rows(scale: str, t: Target, found: list[Found]) -> list[dict]:
