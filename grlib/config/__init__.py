@@ -21,8 +21,8 @@ type or out of range raises ConfigError naming the field.
     arguments   --scale and -o for a command's parser, and the Config they give
 """
 from grlib.config import choices
-from grlib.config.ablations import (ABLATIONS, BalanceAblation, KernelsAblation, NegativesAblation, SparseAblation,
-                                    TrainAblation, load_ablation)
+from grlib.config.ablations import (ABLATIONS, BalanceAblation, KernelsAblation, NegativesAblation, SemiAsyncAblation,
+                                    SparseAblation, TrainAblation, load_ablation)
 from grlib.config.arguments import add_config_arguments, config_from_args
 from grlib.config.fields import ConfigError
 from grlib.config.loader import as_mapping, default_scale, load_config, parse_overrides, read_params, scale_names
@@ -30,9 +30,8 @@ from grlib.config.sections import (SECTIONS, Config, DataConfig, DistConfig, Ker
                                    TrainConfig)
 
 __all__ = [
-    "ABLATIONS", "BalanceAblation", "SECTIONS", "Config", "ConfigError", "DataConfig", "DistConfig", "KernelsAblation", "KernelsConfig",
-    "ModelConfig", "NegativesAblation", "NegativesConfig", "SparseAblation", "TrainAblation", "TrainConfig",
-    "add_config_arguments",
-    "as_mapping", "choices", "config_from_args", "default_scale", "load_ablation", "load_config",
-    "parse_overrides", "read_params", "scale_names",
+    "ABLATIONS", "SECTIONS", "BalanceAblation", "Config", "ConfigError", "DataConfig", "DistConfig", "KernelsAblation",
+    "KernelsConfig", "ModelConfig", "NegativesAblation", "NegativesConfig", "SemiAsyncAblation", "SparseAblation",
+    "TrainAblation", "TrainConfig", "add_config_arguments", "as_mapping", "choices", "config_from_args",
+    "default_scale", "load_ablation", "load_config", "parse_overrides", "read_params", "scale_names",
 ]

@@ -196,8 +196,45 @@ class SparseAblation:
             check(getattr(self, f) >= 1, f"{name}.{f}", f"must be >= 1, got {getattr(self, f)}")
 
 
+@dataclass(frozen=True)
+class SemiAsyncAblation:
+    """The grid of the semi-asynchronous convergence study (notebooks/06_semi_async, claim C4): every
+    staleness k x seed x dataset on `world` gloo ranks with a row-sharded item table; a worst case
+    (worst_items hot items, learning rate worst_lr, each k of worst_staleness) on the scale's twin."""
+
+    staleness: list[int] = field(default_factory=lambda: [0, 1, 2, 4])  # 0 = sync (the baseline)
+    seeds: list[int] = field(default_factory=lambda: [0, 1, 2])
+    datasets: list[str] = field(default_factory=lambda: ["scale", "ml-100k"])
+    max_steps: list[int] = field(default_factory=lambda: [40, 80])  # per dataset
+    world: int = 2
+    items: str = "flat"  # choices.ITEM_SHARDING except replicated: the stale rows come through all-to-alls
+    balance: str = "kk"
+    worst_items: int = 200
+    worst_lr: float = 0.01
+    worst_staleness: list[int] = field(default_factory=lambda: [0, 4, 16])
+    worst_steps: int = 40
+
+    def __post_init__(self) -> None:
+        name = "ablations.semi_async"
+        check(0 in self.staleness and all(k >= 0 for k in self.staleness), f"{name}.staleness",
+              f"needs 0 (sync, the baseline) and values >= 0, got {self.staleness}")
+        check(len(self.seeds) >= 1, f"{name}.seeds", "needs at least one seed")
+        for d in self.datasets:
+            if d != "scale":
+                one_of(d, choices.DATASETS, f"{name}.datasets: data.dataset")
+        check(len(self.max_steps) == len(self.datasets) and all(n >= 1 for n in self.max_steps), f"{name}.max_steps",
+              f"needs one step budget >= 1 per dataset ({len(self.datasets)}), got {self.max_steps}")
+        check(self.world >= 2, f"{name}.world", f"must be >= 2 (data-parallel ranks), got {self.world}")
+        check(self.items in ("flat", "hierarchical"), f"{name}.items",
+              f"must be a sharded table ('flat' or 'hierarchical'), got {self.items!r}")
+        one_of(self.balance, choices.BALANCERS, f"{name}.balance")
+        check(self.worst_items > 1 and self.worst_lr > 0 and self.worst_steps >= 1, f"{name}.worst_items",
+              "worst_items must be > 1, worst_lr > 0, worst_steps >= 1")
+        check(all(k >= 0 for k in self.worst_staleness), f"{name}.worst_staleness", "values must be >= 0")
+
+
 ABLATIONS: dict[str, type] = {"train": TrainAblation, "kernels": KernelsAblation, "negatives": NegativesAblation,
-                              "balance": BalanceAblation, "sparse": SparseAblation}
+                              "balance": BalanceAblation, "sparse": SparseAblation, "semi_async": SemiAsyncAblation}
 
 
 def load_ablation(name: str, overrides: dict[str, Any] | str | None = None,

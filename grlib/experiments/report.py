@@ -183,8 +183,22 @@ def _sparse(scale: str) -> list[Found]:
                   note, r["met"]) for r in sparse_stage.acceptance(run).iter_rows(named=True)]
 
 
+def _semi_async(scale: str) -> list[Found]:
+    run = _latest_run("semi_async", scale)
+    if run.height == 0:
+        return []
+    from grlib.experiments import semi_async_stage
+
+    note = _run_note(run, "semi_async")
+    return [Found(r["target"], f"{r['dataset']} · semisync({r['k']}) vs sync: within one seed-std "
+                               f"({r['sync_std']:.4f}) or 1% relative",
+                  f"{r['ndcg@10']:.4f} vs {r['sync']:.4f} ({100 * r['relative']:.1f}%; "
+                  f"stale rows {100 * r['stale_fraction']:.1f}%)", note, r["met"])
+            for r in semi_async_stage.acceptance(run).iter_rows(named=True)]
+
+
 READERS: dict[str, Callable[[str], list[Found]]] = {
-    "balance": _balance, "kernels": _kernels, "negatives": _negatives, "sparse": _sparse, "train": _quality,
+    "balance": _balance, "semi_async": _semi_async, "kernels": _kernels, "negatives": _negatives, "sparse": _sparse, "train": _quality,
     "bench_train": _mfu}
 
 

@@ -72,7 +72,8 @@ def fit_and_evaluate(cfg: Config, ds: Dataset, peak: float | None = None, *, che
                "final_loss": fit.losses[-1] if fit.losses else float("nan"), "resumed_from": fit.resumed_from}
         if runtime is not None and runtime.topology.world > 1:
             row.update(_dist_figures(fit.timeline, dist_cfg or DistConfig(world=runtime.topology.world)))
-        curve = [{"step": r["step"], "epoch": r["epoch"], "loss": r["loss"]} for r in fit.timeline]
+        curve = [{"step": r["step"], "epoch": r["epoch"], "loss": r["loss"],
+                  **({"stale_fraction": r["stale_fraction"]} if "stale_fraction" in r else {})} for r in fit.timeline]
         curve += [{"step": h["step"], "epoch": h["epoch"], "val_ndcg@10": h["ndcg@10"]} for h in fit.val_history]
     best = [h for h in (fit.val_history if fit else []) if h["epoch"] == fit.best_epoch]
     if cfg.train.select_best and best:  # the restored best epoch's validation
