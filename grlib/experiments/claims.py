@@ -214,7 +214,8 @@ TARGETS: dict[str, Target] = index((
                               "semisync(k) (input rows looked up k updates early), mean over seeds, full ranking")),
     Target("C5.utilisation", "accelerator utilisation with pipelined stages", _pct(94),
            (Bound("utilisation", ">=", _pct(94)),), None, None,
-           Method("not measured yet", "no pipeline schedule and no per-stage timing spans")),
+           Method("not measured yet", "the schedules (grlib.dist.schedules) record each step's spans; the utilisation "
+                                      "measurement and the cluster simulation (a `scaling` stage) are not built yet")),
     Target("C6.sharing", "negatives per token and step time, shared pool vs per-token negatives",
            "larger effective negative set, no extra embedding lookups",
            (Bound("negatives vs per-token", ">=", _x(8)), Bound("step time vs per-token", "<=", _x(1.2))),
@@ -234,7 +235,8 @@ TARGETS: dict[str, Target] = index((
                               "GEMM peak measured in the same run")),
     Target("C7.scaling", "throughput scaling efficiency over devices", Figure(0.97, "ratio"),
            (Bound("scaling efficiency", ">=", Figure(0.97, "ratio")),), None, None,
-           Method("not measured yet", ONE_PROCESS)),
+           Method("not measured yet", "data-parallel training runs on N ranks (grlib.dist); the weak-scaling "
+                                      "measurement and its cluster simulation (a `scaling` stage) are not built yet")),
     Target("W1.quality", "test NDCG@10 (full ranking, mean over seeds) vs the popularity baseline", None,
            (Bound("NDCG@10 vs popularity", ">=", _x(1.5)),), "train", "grlib.experiments.report.train_summary",
            Method("measured", "train stage, newest row per (dataset, model, seed)")),

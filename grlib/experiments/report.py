@@ -190,8 +190,9 @@ def _semi_async(scale: str) -> list[Found]:
     from grlib.experiments import semi_async_stage
 
     note = _run_note(run, "semi_async")
+    std = lambda v: "no std: one seed" if v is None else f"{v:.4f}"  # noqa: E731
     return [Found(r["target"], f"{r['dataset']} · semisync({r['k']}) vs sync: within one seed-std "
-                               f"({r['sync_std']:.4f}) or 1% relative",
+                               f"({std(r['sync_std'])}) or 1% relative",
                   f"{r['ndcg@10']:.4f} vs {r['sync']:.4f} ({100 * r['relative']:.1f}%; "
                   f"stale rows {100 * r['stale_fraction']:.1f}%)", note, r["met"])
             for r in semi_async_stage.acceptance(run).iter_rows(named=True)]
