@@ -41,6 +41,17 @@ def _history_index(history: list[np.ndarray]) -> tuple[Tensor, Tensor]:
     return rows, items
 
 
+def _masked_history(history: list[np.ndarray], targets: Tensor) -> tuple[Tensor, Tensor]:
+    """(row, item) pairs of the history to mask; ValueError when a target is one of its row's history items."""
+    rows, items = _history_index(history)
+    hit = items == targets[rows]
+    if bool(hit.any()):
+        b = int(rows[hit][0])
+        raise ValueError(f"history masking would reveal the target: row {b}'s target {int(targets[b])} is in "
+                         f"its history (repeat consumption); evaluate this split with mask_history=False")
+    return rows, items
+
+
 def ranks_from_scores(scores: Tensor, targets: Tensor, history: list[np.ndarray] | None = None) -> Tensor:
     """scores [B, V], targets [B], history per row (masked when given) -> ranks [B] (1 = best).
 
@@ -49,12 +60,7 @@ def ranks_from_scores(scores: Tensor, targets: Tensor, history: list[np.ndarray]
     competing = torch.ones_like(scores, dtype=torch.bool)  # [B, V]
     competing[:, :FIRST_ITEM_ID] = False
     if history is not None:
-        rows, items = _history_index(history)
-        hit = items == targets[rows]
-        if bool(hit.any()):
-            b = int(rows[hit][0])
-            raise ValueError(f"history masking would reveal the target: row {b}'s target {int(targets[b])} is in "
-                             f"its history (repeat consumption); evaluate this split with mask_history=False")
+        rows, items = _masked_history(history, targets)
         competing[rows, items] = False
     competing.scatter_(1, targets[:, None], False)  # the target is counted apart from the others
     higher = ((scores > target_scores) & competing).sum(1)
@@ -83,12 +89,7 @@ def ranks_from_shards(shard: ShardScores, targets: Tensor, history: list[np.ndar
     competing = torch.ones_like(scores, dtype=torch.bool)  # [B, V_r]
     competing[:, :max(0, min(width, FIRST_ITEM_ID - start))] = False
     if history is not None:
-        rows, items = _history_index(history)
-        hit = items == targets[rows]
-        if bool(hit.any()):
-            b = int(rows[hit][0])
-            raise ValueError(f"history masking would reveal the target: row {b}'s target {int(targets[b])} is in "
-                             f"its history (repeat consumption); evaluate this split with mask_history=False")
+        rows, items = _masked_history(history, targets)
         here = (items >= start) & (items < start + width)
         competing[rows[here], items[here] - start] = False
     competing[mine.nonzero().reshape(-1), targets[mine] - start] = False

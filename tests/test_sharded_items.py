@@ -77,10 +77,10 @@ def test_sharded_lookup_and_lazy_adam_match_one_table(world, nodes):
 
 def _shard_ranks(runtime, scores: torch.Tensor, targets: torch.Tensor, history):
     from grlib.evaluate import ShardScores, ranks_from_shards
-    from grlib.dist.sharded_embedding import _sum_over
+    from grlib.dist.sharded_embedding import sum_over
 
     start, stop = row_blocks(scores.shape[1], runtime.topology.world)[runtime.topology.rank]
-    shard = ShardScores(scores[:, start:stop], start, scores.shape[1], _sum_over(runtime.world_group))
+    shard = ShardScores(scores[:, start:stop], start, scores.shape[1], sum_over(runtime.world_group))
     return ranks_from_shards(shard, targets, history)
 
 

@@ -40,7 +40,7 @@ from torch import Tensor, nn
 from grlib.config import DistConfig, ModelConfig
 from grlib.dist.balance import assign, imbalance
 from grlib.dist.cost import FlopsCost, QuadraticCost
-from grlib.dist.sharded_embedding import ShardedRows
+from grlib.dist.sharded_embedding import ShardedRows, sum_over
 from grlib.jagged import JaggedBatch
 from grlib.model.dropout import global_rows
 from grlib.negatives.path import ATTACHMENT, NegativePath, NegativeSample, PreparedSample
@@ -155,7 +155,7 @@ class DataParallelStep:
         shards = {id(p) for m in self.tables for p in m.parameters()}
         self.sync = GradientSync([p for p in model.parameters() if p.requires_grad and id(p) not in shards], group)
         if shards:
-            opt.sharded, opt.reduce = frozenset(shards), _sum_over(group)
+            opt.sharded, opt.reduce = frozenset(shards), sum_over(group)
 
     def __call__(self, plans: Iterator[RankPlan]) -> StepResult | None:
         t0 = time.perf_counter()
@@ -200,14 +200,6 @@ def check_same_batch(fingerprint: Tensor, group=None) -> None:
         rows = ", ".join(f"rank {r}: {s.tolist()}" for r, s in enumerate(seen))
         raise RankMismatch(f"the ranks read different global batches (sequences, tokens, checksum): {rows}; "
                            f"every rank needs the same data, seed and batch size")
-
-
-def _sum_over(group):
-    def reduce(x: Tensor) -> Tensor:
-        x = x.clone()
-        dist.all_reduce(x, group=group)
-        return x
-    return reduce
 
 
 def broadcast_parameters(model: nn.Module, group=None) -> None:

@@ -92,13 +92,14 @@ class ShardedRows(nn.Module):
     def score(self, user: Tensor) -> ShardScores:
         """user [B, d] . every normalised row of this shard, as a ShardScores of columns [start, stop)."""
         scores = user @ F.normalize(self.weight, dim=-1).T  # [B, V_r]
-        return ShardScores(scores, self.start, self.n_rows, _sum_over(self.runtime.world_group))
+        return ShardScores(scores, self.start, self.n_rows, sum_over(self.runtime.world_group))
 
     def extra_repr(self) -> str:
         return f"rows {self.start}:{self.stop} of {self.n_rows}, d={self.dim}, {self.mode}, dedup {self.dedup}"
 
 
-def _sum_over(group):
+def sum_over(group):
+    """x -> x summed over the ranks of `group` (a copy; an all-reduce)."""
     def reduce(x: Tensor) -> Tensor:
         x = x.clone()
         dist.all_reduce(x, group=group)
