@@ -9,8 +9,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from grlib.config import choices
-from grlib.config.fields import ConfigError, apply, check, one_of
+from grlib.config.fields import ConfigError, apply, check, nest, one_of
 from grlib.config.loader import as_mapping, read_params
+from grlib.config.sections import Config, with_sections
 
 
 @dataclass(frozen=True)
@@ -22,6 +23,10 @@ class TrainAblation:
     datasets: list[str] = field(default_factory=lambda: ["scale"])  # "scale" = the scale's own data
     # per dataset (same order): a step cap below the scale's train.max_steps, 0 = none; empty = no caps
     max_steps: list[int] = field(default_factory=list)
+    # config overrides of a dataset (named as in `datasets`) on top of the scale's, e.g.
+    # {"ml-100k": {"negatives.temperature": 0.2}}; a dataset without an entry trains with the scale's
+    # settings. Checked like load_config's overrides (unknown keys and bad values are errors)
+    overrides: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         for m in self.models:
@@ -34,6 +39,19 @@ class TrainAblation:
         check(not self.max_steps or len(self.max_steps) == len(self.datasets), "ablations.train.max_steps",
               f"needs one entry per dataset ({len(self.datasets)}), got {len(self.max_steps)}")
         check(all(n >= 0 for n in self.max_steps), "ablations.train.max_steps", f"must be >= 0, got {self.max_steps}")
+        for ds, o in self.overrides.items():
+            name = f"ablations.train.overrides.{ds}"
+            check(ds == "scale" or ds in choices.DATASETS, "ablations.train.overrides",
+                  f"{ds!r} is not a dataset: one of {('scale', *choices.DATASETS)}")
+            check(isinstance(o, dict), name, f"expected a mapping such as {{negatives.temperature: 0.2}}, got {o!r}")
+            try:
+                with_sections(Config("check"), nest(o))
+            except ConfigError as err:
+                raise ConfigError(f"{name}: {err}") from None
+
+    def dataset_overrides(self, dataset: str) -> dict[str, Any]:
+        """The config overrides of `dataset` (as named in `datasets`; empty when it has none)."""
+        return dict(self.overrides.get(dataset) or {})
 
 
 @dataclass(frozen=True)

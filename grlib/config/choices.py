@@ -18,6 +18,9 @@ IMPLS = ("reference", "fbgemm", "cpu", "triton", "npu")  # operator implementati
 SAMPLERS = ("uniform", "popularity", "in-batch")  # negatives.sampler, ablations.negatives.samplers
 SHARING = ("per-token", "shared")  # negatives.sharing
 PRECISIONS = ("fp32", "fp16", "bf16")  # negatives.precision
+# negatives.softmax: sampled negatives | every item of the catalogue | full where the catalogue's real
+# items are no more than n_negatives (a pool that large samples nothing a full softmax does not score)
+SOFTMAX = ("sampled", "full", "auto")
 HALF_FORMATS = tuple(p for p in PRECISIONS if p != "fp32")  # ablations.negatives.half_formats
 NEGATIVES_DATASETS = ("synthetic", "ml-100k")  # ablations.negatives.datasets
 

@@ -36,6 +36,11 @@ def coerce(value: Any, typ: Any, name: str) -> Any:
         (inner, *_) = typing.get_args(typ) or (Any,)
         items = [coerce(v, inner, f"{name}[{i}]") for i, v in enumerate(value)]
         return tuple(items) if origin is tuple else items
+    if origin is dict:
+        check(isinstance(value, dict), name, f"expected a mapping, got {value!r}")
+        key_type, value_type = typing.get_args(typ) or (Any, Any)
+        return {coerce(k, key_type, f"{name} key {k!r}"): coerce(v, value_type, f"{name}.{k}")
+                for k, v in value.items()}
     if origin in (typing.Union, types.UnionType):
         for option in typing.get_args(typ):
             if option is type(None) and value is None:

@@ -11,6 +11,7 @@ from typing import Any
 
 from grlib.config import choices
 from grlib.config.fields import apply, check, nest, one_of
+from grlib.data.schema import FIRST_ITEM_ID
 
 
 @dataclass(frozen=True)
@@ -68,6 +69,7 @@ class NegativesConfig:
     async_sampling: bool = False  # sample the next batches' negatives in a background worker
     queue_depth: int = 2  # batches the worker samples ahead (bounded queue)
     logq: bool = True  # subtract log Q(item) from the logits (popularity, in-batch; uniform cancels)
+    softmax: str = "sampled"  # choices.SOFTMAX: sampled | full (every item, no sampler) | auto (full if V-2 <= R)
 
     def __post_init__(self) -> None:
         one_of(self.sampler, choices.SAMPLERS, "negatives.sampler")
@@ -76,6 +78,12 @@ class NegativesConfig:
         one_of(self.sharing, choices.SHARING, "negatives.sharing")
         one_of(self.precision, choices.PRECISIONS, "negatives.precision")
         check(self.queue_depth >= 1, "negatives.queue_depth", f"must be >= 1, got {self.queue_depth}")
+        one_of(self.softmax, choices.SOFTMAX, "negatives.softmax")
+
+    def full_softmax(self, n_items: int) -> bool:
+        """Whether the loss scores every real item (ids FIRST_ITEM_ID..n_items-1) rather than samples:
+        softmax "full", or "auto" with a catalogue no larger than the pool of n_negatives."""
+        return self.softmax == "full" or (self.softmax == "auto" and n_items - FIRST_ITEM_ID <= self.n_negatives)
 
 
 @dataclass(frozen=True)

@@ -240,6 +240,11 @@ TARGETS: dict[str, Target] = index((
     Target("W1.quality", "test NDCG@10 (full ranking, mean over seeds) vs the popularity baseline", None,
            (Bound("NDCG@10 vs popularity", ">=", _x(1.5)),), "train", "grlib.experiments.report.train_summary",
            Method("measured", "train stage, newest row per (dataset, model, seed)")),
+    Target("W1.peer", "test NDCG@10 of HSTU (full ranking, mean over seeds) vs a standard SASRec of a peer library "
+                      "on the same data and protocol (RecBole 1.2.1 on ML-100K: 0.0973)", None,
+           (Bound("HSTU NDCG@10 vs peer SASRec", ">=", _x(1)),), "train", "grlib.experiments.report.train_summary",
+           Method("measured", "train stage, newest row per (dataset, model, seed), against the peer's figure "
+                              "(grlib.experiments.train_stage.PEERS, with its source)")),
 ), "key")
 
 

@@ -23,7 +23,10 @@ from grlib.experiments.claims import Figure, Target
 
 
 def train_summary(scale: str | None = None) -> pl.DataFrame:
-    """Mean and std over seeds of the latest run of each (scale, model)."""
+    """Mean and std over seeds of the latest run of each (scale, model), and the peer library's figure of
+    the same model on the same dataset where there is one (`peer_ndcg@10`, train_stage.PEERS)."""
+    from grlib.experiments.train_stage import peer_table
+
     table = results.read_table("train", scale)
     if table.height == 0:
         return table
@@ -35,6 +38,8 @@ def train_summary(scale: str | None = None) -> pl.DataFrame:
                  pl.col("test_ndcg@10").mean().alias("ndcg@10"), pl.col("test_ndcg@10").std().alias("ndcg@10_std"),
                  pl.col("test_hr@10").mean().alias("hr@10"), pl.col("test_mrr").mean().alias("mrr"),
                  pl.col("params").first(), pl.col("tokens_per_s").mean().alias("tokens_per_s"))
+            .join(peer_table().select("dataset", "model", pl.col("test_ndcg@10").alias("peer_ndcg@10")),
+                  on=["dataset", "model"], how="left")
             .sort("scale", "dataset", "ndcg@10", descending=[False, False, True]))
 
 
@@ -116,6 +121,23 @@ def _quality(scale: str) -> list[Found]:
                 found.append(Found(quality.key, f"{ds} · {r['model']} {quality.threshold}",
                                    f"{ratio:.2f}x ({r['ndcg@10']:.4f}, {r['seeds']} seeds)",
                                    f"train table, popularity NDCG@10 {pop[0]:.4f}", quality.met(ratio)))
+    return found + _vs_peer(train)
+
+
+def _vs_peer(train: pl.DataFrame) -> list[Found]:
+    """W1.peer: HSTU's NDCG@10 on each dataset with a peer SASRec figure (train_stage.PEERS)."""
+    from grlib.experiments.train_stage import PEER_TARGET_MODEL, peer
+
+    t = registry.target("W1.peer")
+    found = []
+    for r in train.filter(pl.col("model") == "hstu").iter_rows(named=True) if train.height else []:
+        p = peer(r["dataset"], PEER_TARGET_MODEL)
+        if p is not None:
+            ratio = r["ndcg@10"] / p.ndcg10
+            found.append(Found(t.key, f"{r['dataset']} · {t.threshold}",
+                               f"{ratio:.2f}x ({r['ndcg@10']:.4f} ± {r['ndcg@10_std'] or 0:.4f}, {r['seeds']} seeds)",
+                               f"train table vs {p.library} {p.model} NDCG@10 {p.ndcg10:.4f} (train_stage.PEERS)",
+                               t.met(ratio)))
     return found
 
 

@@ -4,12 +4,18 @@ selected on validation and evaluated on test by full ranking.
 Datasets come from the dataset catalogue (grlib.data.catalog): "scale" is the scale's own
 processed data (the `data` stage's output, e.g. the synthetic KuaiRand twin at laptop scale); any
 other name (e.g. "ml-100k") is prepared once with the scale's data settings into a folder of its
-own. A real dataset whose file is absent is skipped with its reason (listed in `run`'s result and
-in the metrics JSON), never replaced.
+own. Each dataset trains with the scale's settings and that dataset's overrides
+(`ablations.train.overrides`, recorded per row as JSON in the `overrides` column), under the tighter
+of the scale's and the dataset's step budget. A real dataset whose file is absent is skipped with
+its reason (listed in `run`'s result and in the metrics JSON), never replaced.
+
+PEERS: a peer library's figures on the same data and protocol (with their source), shown beside ours
+in `summary` (and checked by the claims registry's W1.peer).
 """
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 import os
 import time
@@ -27,6 +33,45 @@ from grlib.data.schema import FIRST_ITEM_ID
 from grlib.evaluate import evaluate, last_token_scores, popularity_scores
 from grlib.model import build_model, parameter_count
 from grlib.train import PHASES, train
+
+
+@dataclass(frozen=True)
+class Peer:
+    """A peer library's test figures on a dataset under the train stage's protocol (full ranking over
+    every item, time-ordered leave-one-out, history masked on MovieLens), beside ours."""
+
+    library: str
+    model: str  # as ablations.train.models names it
+    dataset: str
+    ndcg10: float
+    hr10: float
+    mrr: float | None
+    source: str
+
+
+RECBOLE_RUN = ("RecBole 1.2.1 run by this project (issue 18) on the same data and protocol: all 100,000 "
+               "MovieLens-100K ratings as implicit interactions, time-ordered leave-one-out, full ranking over "
+               "all 1,682 items, history masked, 943 users; seed 0, max length 50, full-softmax cross-entropy, "
+               "Adam 1e-3, batch 256, early stopping on validation NDCG@10")
+PEERS: tuple[Peer, ...] = (
+    # RecBole's own (unmasked) figures for this SASRec read 0.0580 / 0.1188
+    Peer("RecBole 1.2.1", "sasrec", "ml-100k", 0.0973, 0.1856, 0.0885, RECBOLE_RUN),
+    Peer("RecBole 1.2.1", "popularity", "ml-100k", 0.0441, 0.0848, None,  # exact counts; grlib counts ties against
+         RECBOLE_RUN + "; exact counts, ties not counted against the target"),  # the target (grlib.evaluate)
+)
+PEER_TARGET_MODEL = "sasrec"  # the workbench target (claims W1.peer): HSTU >= a standard SASRec, same protocol
+
+
+def peer(dataset: str, model: str = PEER_TARGET_MODEL) -> Peer | None:
+    """The peer figure of `model` on `dataset`, or None."""
+    return next((p for p in PEERS if p.dataset == dataset and p.model == model), None)
+
+
+def peer_table() -> pl.DataFrame:
+    """Every peer figure (dataset, model, library, test NDCG@10, HR@10, MRR, source)."""
+    return pl.DataFrame([{"dataset": p.dataset, "model": p.model, "library": p.library, "test_ndcg@10": p.ndcg10,
+                          "test_hr@10": p.hr10, "test_mrr": p.mrr, "source": p.source} for p in PEERS],
+                        schema_overrides={"test_mrr": pl.Float64})
 
 
 @dataclass
@@ -135,19 +180,21 @@ def run(cfg: Config, ablation: TrainAblation) -> dict:
     rows, curves, skipped = [], [], {}
     caps = ablation.max_steps or [0] * len(ablation.datasets)
     for name, cap in zip(ablation.datasets, caps):
+        ds_cfg = cfg.replace(ablation.dataset_overrides(name))  # the dataset's own settings (e.g. ML-100K's loss)
         try:
-            ds = load_dataset(cfg, name)
+            ds = load_dataset(ds_cfg, name)
         except (FileNotFoundError, DownloadError) as err:  # absent and not downloadable here: said, not hidden
-            skipped[dataset_config(cfg, name).dataset] = str(err)
-            print(f"skipped dataset {dataset_config(cfg, name).dataset!r}: {err}")
+            skipped[dataset_config(ds_cfg, name).dataset] = str(err)
+            print(f"skipped dataset {dataset_config(ds_cfg, name).dataset!r}: {err}")
             continue
         for model in ablation.models:
             for seed in ablation.seeds:
-                run_cfg = cfg.replace({"model.name": model, "train.seed": seed,
-                                       "train.max_steps": step_budget(cfg.train.max_steps, cap)})
+                run_cfg = ds_cfg.replace({"model.name": model, "train.seed": seed,
+                                          "train.max_steps": step_budget(ds_cfg.train.max_steps, cap)})
                 fit = fit_and_evaluate(run_cfg, ds, peak)
                 key = {"dataset": ds.name, "model": model, "seed": seed}
-                rows.append({**key, **{k: v for k, v in fit.row.items() if k != "resumed_from"}})
+                rows.append({**key, **{k: v for k, v in fit.row.items() if k != "resumed_from"},
+                             "overrides": json.dumps(ablation.dataset_overrides(name), sort_keys=True)})
                 curves += [{**key, **c} for c in fit.curve]
     if not rows:
         raise FileNotFoundError(f"no dataset of ablations.train.datasets could be loaded: {skipped}")
@@ -157,7 +204,8 @@ def run(cfg: Config, ablation: TrainAblation) -> dict:
     summ = summary(table)
     results.write_metrics("train", {"scale": cfg.scale, "skipped": skipped, "peak_flops": peak, **{
         f"{r['dataset']}/{r['model']}": {k: r[k] for k in ("test_ndcg@10", "test_ndcg@10_std", "test_hr@10",
-                                                           "vs_popularity", "seeds")}
+                                                           "vs_popularity", "peer_ndcg@10", "vs_peer_sasrec",
+                                                           "seeds")}
         for r in summ.iter_rows(named=True)}}, scale=cfg.scale)
     return {"table": table, "curves": pl.DataFrame(curves), "summary": summ, "skipped": skipped}
 
@@ -169,7 +217,9 @@ def step_budget(scale_cap: int, dataset_cap: int) -> int:
 
 
 def summary(table: pl.DataFrame) -> pl.DataFrame:
-    """Mean and std over seeds per dataset x model, and NDCG@10 as a multiple of popularity's."""
+    """Mean and std over seeds per dataset x model, NDCG@10 as a multiple of popularity's, and beside it
+    the peer library's NDCG@10 of the same model (`peer_ndcg@10`, null where none; PEERS) and ours as a
+    multiple of the peer's standard SASRec on that dataset (`vs_peer_sasrec`, the workbench target)."""
     agg = (table.group_by("dataset", "model")
            .agg(pl.len().alias("seeds"), pl.col("params").first(),
                 pl.col("test_ndcg@10").mean(), pl.col("test_ndcg@10").std().alias("test_ndcg@10_std"),
@@ -178,8 +228,12 @@ def summary(table: pl.DataFrame) -> pl.DataFrame:
                 pl.col("train_s").mean(), pl.col("tokens_per_s").mean(), pl.col("mfu").mean()))
     pop = agg.filter(pl.col("model") == "popularity").select("dataset", pl.col("test_ndcg@10").alias("_pop"))
     agg = agg.join(pop, on="dataset", how="left")
-    return (agg.with_columns((pl.col("test_ndcg@10") / pl.col("_pop")).alias("vs_popularity"))
-            .drop("_pop").with_columns(pl.col("test_ndcg@10_std", "test_hr@10_std").fill_null(0.0))
+    peers = peer_table().select("dataset", "model", pl.col("test_ndcg@10").alias("peer_ndcg@10"))
+    target = peers.filter(pl.col("model") == PEER_TARGET_MODEL).select("dataset", pl.col("peer_ndcg@10").alias("_peer"))
+    agg = agg.join(peers, on=["dataset", "model"], how="left").join(target, on="dataset", how="left")
+    return (agg.with_columns((pl.col("test_ndcg@10") / pl.col("_pop")).alias("vs_popularity"),
+                             (pl.col("test_ndcg@10") / pl.col("_peer")).alias("vs_peer_sasrec"))
+            .drop("_pop", "_peer").with_columns(pl.col("test_ndcg@10_std", "test_hr@10_std").fill_null(0.0))
             .sort("dataset", "test_ndcg@10", descending=[False, True]))
 
 

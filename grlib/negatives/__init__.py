@@ -14,6 +14,8 @@ Configured by NegativesConfig (params.yaml `negatives`):
                   scored by every token with one [P, d] x [d, R] GEMM: intra-batch logit sharing)
   precision       fp32 | fp16 | bf16: negative rows held and multiplied in half precision for the
                   valid tokens only; logits, softmax and loss in FP32 (jaggedness-aware FP16)
+  softmax         sampled (the sampler's negatives) | full (every real item: the cross-entropy over the
+                  catalogue, for small catalogues) | auto (full where V - 2 <= n_negatives)
   async_sampling  the ids of step i+1 drawn by a background worker during step i (the trainer's
                   prefetch schedule, grlib.train.prefetch, calls `prepare`)
 

@@ -15,6 +15,10 @@ same order), so async training trains the same model. Gathering values ahead wou
 negatives with weights one or more optimizer steps old and still need a second lookup for their
 gradients.
 
+Full softmax (NegativesConfig.softmax "full", or "auto" where the catalogue's V - 2 real items are no
+more than n_negatives): the sample's pool is every real item (NegativePath docstring), the rest of
+the path unchanged.
+
 Lookups: `loss` asks the item table (grlib.model.embeddings.ItemTable) for the distinct ids of the
 batch's targets and negatives only, once each ([U, d], U <= min(V, P + P*R)), and scores in that
 local row space (the scoring functions index the U rows; logQ is gathered to them too). Only those
@@ -40,6 +44,7 @@ import torch
 from torch import Tensor
 
 from grlib.config import NegativesConfig
+from grlib.data.schema import FIRST_ITEM_ID
 from grlib.jagged import JaggedBatch
 from grlib.model.embeddings import ItemTable
 from grlib.negatives.samplers import InBatchSampler, Sampler, build_sampler
@@ -112,12 +117,20 @@ class LocalIds:
 
 class NegativePath:
     """The configured negative path: sampler x sharing x precision (NegativesConfig); sampled inline
-    or prepared ahead (async_sampling is the schedule's choice, grlib.train.prefetch)."""
+    or prepared ahead (async_sampling is the schedule's choice, grlib.train.prefetch).
+
+    With a full softmax (cfg.full_softmax(n_items)) the pool is the whole catalogue: every token
+    scores every real item, shared, with no draw (the generator never moves), no logQ, the target
+    masked among the pool as an accidental hit; so the loss is the cross-entropy over the V - 2 real
+    items, on the same fused shared path (chunked: no [P, V] tensor held)."""
 
     def __init__(self, cfg: NegativesConfig, n_items: int, item_counts: np.ndarray | None = None, seed: int = 0):
         self.cfg, self.n_items = cfg, n_items
+        self.full = cfg.full_softmax(n_items)
         self.sampler: Sampler = build_sampler(cfg.sampler, n_items, item_counts)
-        self.logq = self.sampler.log_q() if cfg.logq else None  # [V] or None (uniform: it cancels)
+        # [V] or None (uniform: it cancels; full softmax: nothing is sampled)
+        self.logq = self.sampler.log_q() if cfg.logq and not self.full else None
+        self.catalogue = torch.arange(FIRST_ITEM_ID, n_items) if self.full else None  # [V - 2] the full pool
         self.generator = torch.Generator().manual_seed(seed)
         self._lock = threading.Lock()  # the generator is shared by a prefetch worker and inline sampling
         self._stamp = object()  # marks the samples this path drew since it was made or last restored
@@ -143,7 +156,9 @@ class NegativePath:
         keep, targets = torch.from_numpy(keep_np), torch.from_numpy(t[keep_np])  # [P], [P]
         R = self.cfg.n_negatives
         with self._lock:
-            if self.cfg.sharing == "shared":
+            if self.catalogue is not None:  # full softmax: nothing drawn
+                ids = self.catalogue  # [V - 2]
+            elif self.cfg.sharing == "shared":
                 if isinstance(self.sampler, InBatchSampler):
                     ids = self.sampler.pool(targets, R, self.generator)  # [min(P, R)]
                 else:
