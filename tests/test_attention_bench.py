@@ -66,6 +66,9 @@ def test_cli_writes_the_issue_keys(tmp_path, monkeypatch, isolated_outputs):
     for r in rows:
         assert ISSUE_KEYS <= set(r)
     assert rows[0]["speedup_vs_reference"] == 1.0
+    for r in rows:  # against the measured peak (patched to 100 GFLOP/s here) and the nominal one
+        assert r["frac_of_peak"] == pytest.approx(r["gflops"] / 100.0)
+        assert r["frac_of_nominal"] == pytest.approx(r["gflops"] / r["nominal_peak_gflops"])
     assert (isolated_outputs / "results" / "adhoc" / "tables" / "bench_kernels" / "scale=smoke").is_dir()  # no --record
 
 

@@ -5,6 +5,7 @@ import json
 
 import pytest
 
+from grlib import perf
 from grlib.cli import main
 
 
@@ -40,6 +41,11 @@ def test_bench_train_smoke(isolated_outputs):
         # the loss's logit products (2 P R d, x3) are reported apart from the HSTU-formula MFU
         assert r["loss_flops_per_step"] > 0
         assert r["mfu_with_loss"] == pytest.approx(r["mfu"] * (1 + r["loss_flops_per_step"] / r["flops_per_step"]))
+        # MFU two ways: against the GEMM peak measured in the run and against the nominal peak
+        assert r["nominal_peak_flops"] > 0 and "FLOP/cycle" in r["nominal_peak_how"]
+        assert r["mfu_nominal"] == pytest.approx(r["mfu"] * r["peak_flops"] / r["nominal_peak_flops"])
+        assert r["peak_flops"] == max(r[f"peak_{lib}"] for lib in perf.gemm_libraries())
+        assert r["load_1m"] >= 0
 
 
 def test_params_only_reports_the_paper_preset(capsys):

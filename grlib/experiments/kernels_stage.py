@@ -27,7 +27,9 @@ times the forward (autograd recording, as in training) and forward+backward: med
 each row records how many). The whole batch is timed by one forward and by its memory run.
 gflops = useful FLOPs on the real lengths (attention forward
 2 * H * (Dqk + Dv) * s**2 / 2 per sequence, x3.5 with backward) / forward+backward time;
-frac_of_peak divides by a warm dense matmul of this machine measured in the same run.
+frac_of_peak divides by the GEMM peak of this machine measured in the same run (grlib.hardware:
+warm square GEMMs, on-CPU time, the best of torch.mm's BLAS and oneDNN), frac_of_nominal by its
+nominal peak (grlib.hardware: cores x FLOP per cycle x clock); both in the kernels' dtype.
 Ratios are against `reference` in the same run and regime/max_len.
 """
 from __future__ import annotations
@@ -45,7 +47,7 @@ import altair as alt
 import polars as pl
 import torch
 
-from grlib import plots, progress, results
+from grlib import hardware, plots, progress, results
 from grlib.config import Config, KernelsAblation, KernelsConfig
 from grlib.experiments import claims
 from grlib.experiments.measure import kuairand_lengths, median_ms
@@ -198,6 +200,7 @@ def measure(cfg, ablation: KernelsAblation, table: str, batch: int | None = None
     kc = cfg.kernels
     heads, head_dim = cfg.model.n_heads, cfg.model.d_model // cfg.model.n_heads
     peak = matmul_peak_gflops(DTYPES[kc.dtype], threads)
+    nominal = hardware.nominal_peak(kc.dtype, threads=threads or torch.get_num_threads())
     rows = []
     specs = plan(kc, ablation, batch)
     for spec in progress.progress(specs, desc="bench kernels"):
@@ -208,6 +211,10 @@ def measure(cfg, ablation: KernelsAblation, table: str, batch: int | None = None
         row["isolated"] = kc.isolate
         row["frac_of_peak"] = row["gflops"] / peak
         row["matmul_peak_gflops"] = peak
+        row["frac_of_nominal"] = row["gflops"] * 1e9 / nominal.flops
+        row["nominal_peak_gflops"] = nominal.flops / 1e9
+        row["nominal_peak_how"] = nominal.how
+        row["load_1m"] = os.getloadavg()[0]  # the machine's load as the row was measured
         rows.append(row)
     _add_ratios(rows)
     results.append_rows(table, rows, cfg)
@@ -229,13 +236,11 @@ def _add_ratios(rows: list[dict]) -> None:
                                       if ref is not None and r["whole_batch"] and ref["batch"] else float("nan"))
 
 
-def matmul_peak_gflops(dtype: torch.dtype, threads: int | None = None, n: int = 2048, repeats: int = 5) -> float:
-    """Warm dense matmul throughput of this machine (the MFU denominator on CPU)."""
+def matmul_peak_gflops(dtype: torch.dtype, threads: int | None = None) -> float:
+    """This machine's GEMM peak in `dtype` (GFLOP/s; hardware.measure_peak_flops: on-CPU time, best library)."""
     if threads:
         torch.set_num_threads(threads)
-    a, b = torch.randn(n, n).to(dtype), torch.randn(n, n).to(dtype)
-    ms = median_ms(lambda: a @ b, repeats=repeats, warmup=2)
-    return 2 * n**3 / (ms * 1e6)
+    return hardware.measure_peak_flops(dtype=dtype)["peak_flops"] / 1e9
 
 
 def run_child(spec: dict) -> dict:
