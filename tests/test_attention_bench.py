@@ -22,7 +22,7 @@ def test_batch_sizes_keep_the_padded_work_constant():
 def test_plan_covers_every_impl_regime_and_length_then_the_whole_batch():
     kc = KernelsConfig(max_lens=[64, 128], pair_budget=2**14, whole_batch=5)
     specs = kernels_stage.plan(kc, load_ablation("kernels"))
-    assert len(specs) == 2 * 2 * 3 + 1 + 2
+    assert len(specs) == 2 * 2 * 5 + 1 + 2  # reference, fbgemm, cpu and the two per-sequence loops
     assert specs[-3] == {"op": "hstu_attention", "impl": "cpu", "regime": "truncated", "max_len": 128, "batch": 5,
                          "whole_batch": True, "repeats": 0}
     assert [(s["op"], s["impl"]) for s in specs[-2:]] == [("layer_norm_mul", "reference"), ("layer_norm_mul", "cpu")]

@@ -19,8 +19,9 @@ from grlib.bench.common import print_table
 from grlib.config import config_from_args, load_ablation
 from grlib.experiments import kernels_stage
 
-COLUMNS = ("op", "impl", "regime", "max_len", "batch", "fill", "fwd_ms", "fwd_bwd_ms", "peak_mem_mb", "gflops",
-           "frac_of_peak", "frac_of_nominal", "speedup_vs_reference", "mem_reduction_vs_reference")
+COLUMNS = ("op", "impl", "regime", "max_len", "batch", "fill", "fwd_ms", "fwd_bwd_ms", "fwd_bwd_cpu_ms", "peak_mem_mb",
+           "gflops", "frac_of_peak", "frac_of_peak_on_cpu", "frac_of_nominal", "speedup_vs_reference",
+           "mem_reduction_vs_reference")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

@@ -100,6 +100,8 @@ registry.register("hstu_attention", "fbgemm", _loader("fbgemm_attention", "hstu_
 registry.register("hstu_attention", "cpu", _loader("cpu_attention", "hstu_attention"))
 registry.register("hstu_attention", "triton", _loader("triton_attention", "hstu_attention"))
 registry.register("hstu_attention", "npu", _loader("npu", "hstu_attention"))
+registry.register("hstu_attention", "loop", _loader("attention_loop", "hstu_attention_loop"))
+registry.register("hstu_attention", "loop_compile", _loader("attention_loop", "hstu_attention_loop_compile"))
 
 
 def hstu_attention(q: Tensor, k: Tensor, v: Tensor, offsets: Tensor, max_len: int,
