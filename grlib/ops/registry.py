@@ -17,16 +17,16 @@ from collections.abc import Callable, Iterator
 
 import torch
 
-IMPLS = ("reference", "fbgemm", "cpu", "triton", "npu", "loop", "loop_compile")
+IMPLS = ("reference", "fbgemm", "cpu", "triton", "npu", "loop", "loop_compile", "onednn")
 PREFERENCE = {
-    "cpu": ("cpu", "reference"),
+    "cpu": ("cpu", "onednn", "reference"),
     "cuda": ("triton", "fbgemm", "reference"),
     "npu": ("npu", "reference"),
 }
 
 # The device types each implementation runs on ("triton" on CPU only under TRITON_INTERPRET=1, for tests).
 RUNS_ON = {"reference": ("cpu", "cuda", "npu"), "fbgemm": ("cpu", "cuda"), "cpu": ("cpu",), "triton": ("cuda",),
-           "npu": ("npu",), "loop": ("cpu", "cuda", "npu"), "loop_compile": ("cpu", "cuda")}
+           "npu": ("npu",), "loop": ("cpu", "cuda", "npu"), "loop_compile": ("cpu", "cuda"), "onednn": ("cpu",)}
 
 _PREFERRED: contextvars.ContextVar[str | None] = contextvars.ContextVar("grlib_preferred_impl", default=None)
 _LOADERS: dict[str, dict[str, Callable[[], Callable]]] = {}
