@@ -119,9 +119,10 @@ def _time_steps(cfg, data, batches, warmup: int, compiled: bool = False) -> tupl
 
 
 def _gemm_share(T: int, d: int, peak: float) -> float:
-    """FLOP/s of the layer's projection GEMMs at this batch's shape ([T, d] x [d, 4d], [T, d] x [d, d]) / peak."""
-    x, w1, w2 = torch.randn(T, d), torch.randn(d, 4 * d), torch.randn(d, d)
-    ms = median_ms(lambda: (x @ w1, x @ w2), repeats=5, warmup=2)
+    """FLOP/s of the layer's projection GEMMs at this batch's shape ([T, d] x [d, 4d], [T, d] x [d, d]),
+    through the model's grlib.ops.linear, / peak."""
+    x, w1, w2 = torch.randn(T, d), torch.randn(4 * d, d), torch.randn(d, d)
+    ms = median_ms(lambda: (ops.linear(x, w1), ops.linear(x, w2)), repeats=5, warmup=2)
     return 2 * T * d * 5 * d / (ms / 1e3) / peak
 
 
