@@ -14,11 +14,13 @@ from grlib import ops
 pytestmark = pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="torch was built without oneDNN")
 
 
-def _run(x, w, b, impl, dtype):
-    leaves = [t.to(dtype).detach().requires_grad_(True) if t is not None else None for t in (x, w, b)]
+def _run(x, w, b, impl, dtype, rounded_to):
+    """Output and gradients in `dtype`, from inputs and output gradient rounded to `rounded_to` first
+    (the float64 answer is taken on the same rounded values)."""
+    cast = lambda t: t.to(rounded_to).to(dtype)  # noqa: E731
+    leaves = [cast(t).detach().requires_grad_(True) if t is not None else None for t in (x, w, b)]
     y = ops.linear(*leaves, impl=impl)
-    g = torch.randn(y.shape, generator=torch.Generator().manual_seed(1)).to(dtype)
-    y.backward(g)
+    y.backward(cast(torch.randn(y.shape, generator=torch.Generator().manual_seed(1))))
     return [y.detach()] + [t.grad if t is not None else None for t in leaves]
 
 
@@ -29,8 +31,8 @@ def test_onednn_matches_reference(lead, n_in, n_out, bias, dtype, seed):
     g = torch.Generator().manual_seed(seed)
     x, w = torch.randn(*lead, n_in, generator=g), torch.randn(n_out, n_in, generator=g)
     b = torch.randn(n_out, generator=g) if bias else None
-    exact = _run(x, w, b, "reference", torch.float64)
-    got = _run(x, w, b, "onednn", dtype)
+    exact = _run(x, w, b, "reference", torch.float64, dtype)
+    got = _run(x, w, b, "onednn", dtype, dtype)
     # float32: a sum of n_in (or rows) products, rounded; bfloat16: inputs and output rounded to bf16
     for name, a, e in zip(["y", "dx", "dw", "db"], got, exact):
         assert (a is None) == (e is None), name

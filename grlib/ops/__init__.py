@@ -183,6 +183,10 @@ def layer_norm_mul_dropout(x: Tensor, u: Tensor, weight: Tensor, bias: Tensor, w
               scale).reshape(x.shape)
 
 
+# imported now, not at first use: it registers the FLOP formula of oneDNN's GEMM, which a
+# FlopCounterMode reads when it starts (a lazy import inside a counted region went uncounted)
+from grlib.ops import matmul as _matmul  # noqa: E402,F401
+
 registry.register("linear", "reference", _loader("matmul", "linear_reference"))
 registry.register("linear", "onednn", _loader("matmul", "linear_onednn"))
 
