@@ -1,4 +1,4 @@
-"""FLOPs of a jagged batch, the measured peak of this device, and MFU.
+"""FLOPs of a jagged batch and MFU (the peaks it divides by: grlib.hardware).
 
 FLOPs follow NVIDIA recsys-examples' HSTU accounting (examples/hstu training utilities,
 `cal_flops_single_rank`), per layer and per sequence of real length s (never the padded
@@ -16,36 +16,26 @@ triangle. Embedding lookups and the loss are not counted (recsys-examples does n
 Megatron counts the LM head), so a report can show how much of a step goes to work that the HSTU
 formula leaves out; MFU itself stays on the HSTU formula.
 
-MFU = useful FLOPs per second / peak FLOP/s. The peak is measured in the same run as the steps it
-divides, never cached: a warm fp32 GEMM benchmark (median of 5 repeats, best of the square sizes
-1024 and 2048; a cold first GEMM reads about half; about 0.7 s on 2 cores), each GEMM timed by its
-on-CPU time, so that other jobs' share of the cores does not pass for a lower peak (see
-measure_peak_flops). A peak cached while the machine was busy read 81.6 instead of 367 GFLOP/s and
-made every later MFU 4.5x too high. Around a run of steps:
+MFU = useful FLOPs per second / peak FLOP/s, against two peaks (every bench row carries both):
+
+    measured   the best GEMM this machine runs, timed warm in the same run as the steps it
+               divides, on-CPU time, best of torch.mm's BLAS and oneDNN (grlib.hardware.gemm,
+               re-exported here: measure_peak_flops, measured_peak, peak_flops, Peak)
+    nominal    cores x FLOP per cycle x clock, or the vendor's peak on GPU/NPU
+               (grlib.hardware.nominal_peak): NVIDIA's convention, and most likely the paper's
 
     with perf.measured_peak() as peak:     # measures before, and after on exit
         ...steps...
     mfu = perf.mfu(flops, seconds, peak.flops)   # peak.flops = max(before, after)
-
-The higher of the two is used: load that comes or goes during the steps can only lower a
-measurement, so the higher one is the closer to the machine's peak (and gives the lower MFU).
 """
 from __future__ import annotations
-
-import contextlib
-import math
-import statistics
-import time
-from collections.abc import Iterator
-from dataclasses import dataclass
 
 import numpy as np
 import torch
 
 from grlib.config import ModelConfig
+from grlib.hardware import PEAK_SIZES, Peak, gemm_libraries, measure_peak_flops, measured_peak, peak_flops  # noqa: F401
 from grlib.model.sasrec import FFN_MULT
-
-PEAK_SIZES = (1024, 2048)
 
 
 def sequence_flops(lengths: np.ndarray | torch.Tensor, cfg: ModelConfig, backward: bool = True) -> float:
@@ -76,75 +66,6 @@ def loss_flops(n_tokens: int, n_negatives: int, d_model: int, backward: bool = T
 def batch_flops(offsets: torch.Tensor, cfg: ModelConfig, backward: bool = True) -> float:
     """sequence_flops of a jagged batch, from its offsets [B+1]."""
     return sequence_flops((offsets[1:] - offsets[:-1]).numpy(), cfg, backward)
-
-
-def measure_peak_flops(sizes: tuple[int, ...] = PEAK_SIZES, repeats: int = 5, warmup: int = 2,
-                       dtype: torch.dtype = torch.float32) -> dict:
-    """The fp32 GEMM peak of this CPU: the best over `sizes` of the median rate of warm square GEMMs.
-
-    A GEMM's time is its on-CPU time: min(wall, process CPU time / threads). Quiet, the two agree
-    (within the threads' idle share at the end of a GEMM). When other jobs share the cores, the
-    wall time also counts the time the threads waited for a core, and a wall-clock peak falls with
-    the load (2 busy processes on 2 cores: about half) while the steps it divides are hit less
-    (their serial parts wait for one core, not two), so MFU would rise with the load; the on-CPU
-    rate is the hardware's. The min keeps the peak at or above the wall-clock one (never an MFU
-    above the wall-clock MFU) should another thread of this process burn CPU meanwhile.
-    Returns peak_flops, peak_flops_wall (the same from wall times alone) and both per size."""
-    threads = torch.get_num_threads()
-    per_size, per_size_wall = {}, {}
-    for n in sizes:
-        a, b = torch.randn(n, n, dtype=dtype), torch.randn(n, n, dtype=dtype)
-        out = torch.empty(n, n, dtype=dtype)
-        for _ in range(warmup):
-            torch.mm(a, b, out=out)
-        walls, on_cpu = [], []
-        for _ in range(repeats):
-            wall, cpu = time.perf_counter(), time.process_time()
-            torch.mm(a, b, out=out)
-            wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
-            walls.append(wall)
-            on_cpu.append(min(wall, cpu / threads))
-        per_size[n] = 2 * n ** 3 / statistics.median(on_cpu)
-        per_size_wall[n] = 2 * n ** 3 / statistics.median(walls)
-    return {"peak_flops": max(per_size.values()), "peak_flops_wall": max(per_size_wall.values()),
-            "per_size": per_size, "per_size_wall": per_size_wall, "dtype": str(dtype).removeprefix("torch."),
-            "threads": threads}
-
-
-def peak_flops() -> float:
-    """This machine's fp32 GEMM peak (FLOP/s), measured now (no cache: it sees the load of this moment)."""
-    return float(measure_peak_flops()["peak_flops"])
-
-
-@dataclass
-class Peak:
-    """The GEMM peak (FLOP/s) measured before and after a run of steps (measured_peak)."""
-    before: float
-    after: float = math.nan  # set when the `with` block ends
-    before_wall: float = math.nan  # the same from wall times alone (measure_peak_flops' peak_flops_wall)
-    after_wall: float = math.nan
-
-    @property
-    def flops(self) -> float:
-        """The peak MFU divides by: the higher of before and after."""
-        if math.isnan(self.after):
-            raise RuntimeError("Peak.flops read inside its measured_peak() block: "
-                               "the after-measurement is not taken yet")
-        return max(self.before, self.after)
-
-    @property
-    def flops_wall(self) -> float:
-        return max(self.before_wall, self.after_wall)
-
-
-@contextlib.contextmanager
-def measured_peak(sizes: tuple[int, ...] = PEAK_SIZES) -> Iterator[Peak]:
-    """Measures the GEMM peak before the block and after it (not after an exception)."""
-    m = measure_peak_flops(sizes)
-    peak = Peak(before=m["peak_flops"], before_wall=m["peak_flops_wall"])
-    yield peak
-    m = measure_peak_flops(sizes)
-    peak.after, peak.after_wall = m["peak_flops"], m["peak_flops_wall"]
 
 
 def mfu(flops: float, seconds: float, peak: float) -> float:

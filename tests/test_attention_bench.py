@@ -22,7 +22,7 @@ def test_batch_sizes_keep_the_padded_work_constant():
 def test_plan_covers_every_impl_regime_and_length_then_the_whole_batch():
     kc = KernelsConfig(max_lens=[64, 128], pair_budget=2**14, whole_batch=5)
     specs = kernels_stage.plan(kc, load_ablation("kernels"))
-    assert len(specs) == 2 * 2 * 3 + 1 + 2
+    assert len(specs) == 2 * 2 * 5 + 1 + 2  # reference, fbgemm, cpu and the two per-sequence loops
     assert specs[-3] == {"op": "hstu_attention", "impl": "cpu", "regime": "truncated", "max_len": 128, "batch": 5,
                          "whole_batch": True, "repeats": 0}
     assert [(s["op"], s["impl"]) for s in specs[-2:]] == [("layer_norm_mul", "reference"), ("layer_norm_mul", "cpu")]
@@ -66,6 +66,9 @@ def test_cli_writes_the_issue_keys(tmp_path, monkeypatch, isolated_outputs):
     for r in rows:
         assert ISSUE_KEYS <= set(r)
     assert rows[0]["speedup_vs_reference"] == 1.0
+    for r in rows:  # against the measured peak (patched to 100 GFLOP/s here) and the nominal one
+        assert r["frac_of_peak"] == pytest.approx(r["gflops"] / 100.0)
+        assert r["frac_of_nominal"] == pytest.approx(r["gflops"] / r["nominal_peak_gflops"])
     assert (isolated_outputs / "results" / "adhoc" / "tables" / "bench_kernels" / "scale=smoke").is_dir()  # no --record
 
 

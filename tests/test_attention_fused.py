@@ -84,3 +84,66 @@ def test_auto_picks_compiled_kernel_on_cpu():
 def test_bad_input_gets_a_clear_error(impl, args, error, message):
     with pytest.raises(error, match=message):
         ops.layer_norm_mul(*args, impl=impl)
+
+
+def _run_dropout(x, u, w, b, eps, words, threshold, scale, impl, dtype=None):
+    cast = (lambda t: t.to(dtype)) if dtype else (lambda t: t)
+    leaves = [cast(t).detach().requires_grad_(True) for t in (x, u, w, b)]
+    y = ops.layer_norm_mul_dropout(*leaves, words, threshold, scale, eps=eps, impl=impl)
+    grad = torch.randn(y.shape, generator=torch.Generator().manual_seed(1)).to(y.dtype)
+    y.backward(grad)
+    return [y.detach()] + [t.grad for t in leaves]
+
+
+@given(case=rows(), threshold=st.sampled_from([-32768, -20000, 0, 13107, 32767, 32768]), seed=st.integers(0, 99))
+def test_layer_norm_mul_dropout_matches_reference(case, threshold, seed):
+    """LayerNorm * u * dropout in one pass: as accurate as the two-op reference in the same dtype (the
+    same bound as layer_norm_mul's), every mask from keep-all (-32768) to drop-all (32768)."""
+    x, u, w, b, eps = case
+    words = torch.randint(-32768, 32768, x.shape, dtype=torch.int16, generator=torch.Generator().manual_seed(seed))
+    scale = 65536 / (65536 - (threshold + 32768)) if threshold < 32768 else 0.0
+    args = (words, threshold, scale)
+    exact = _run_dropout(x, u, w, b, eps, *args, "reference", torch.float64)
+    same = _run_dropout(x, u, w, b, eps, *args, "reference")
+    got = _run_dropout(x, u, w, b, eps, *args, "cpu")
+    ulp = torch.finfo(x.dtype).eps
+    for name, a, r, e in zip(["y", "dx", "du", "dweight", "dbias"], got, same, exact):
+        assert a.dtype == r.dtype, (name, a.dtype, r.dtype)
+        if not e.numel():
+            continue
+        err, ref_err = (a.double() - e).abs().max(), (r.double() - e).abs().max()
+        slack = 4 * ulp * (1 + float(e.abs().max()))
+        assert err <= 2 * ref_err + slack, f"{name}: error {err:.3g} vs reference {ref_err:.3g} (+{slack:.3g})"
+    dropped = words.to(torch.int32) < threshold
+    assert (got[0][dropped] == 0).all() and (got[2][dropped] == 0).all()  # dropped: no output, no du
+
+
+def test_layer_norm_mul_dropout_opcheck_and_bad_words():
+    import grlib.ops.cpu_fused  # noqa: F401
+
+    g = torch.Generator().manual_seed(0)
+    x, u = torch.randn(7, 5, generator=g, requires_grad=True), torch.randn(7, 5, generator=g, requires_grad=True)
+    w, b = torch.randn(5, requires_grad=True), torch.randn(5, requires_grad=True)
+    words = torch.randint(-32768, 32768, (7, 5), dtype=torch.int16, generator=g)
+    torch.library.opcheck(torch.ops.grlib.layer_norm_mul_dropout.default, (x, u, w, b, 1e-5, words, 0, 2.0))
+    with pytest.raises(ValueError, match="words must be int16 of x's shape"):
+        ops.layer_norm_mul_dropout(x, u, w, b, words[:3], 0, 2.0)
+    with pytest.raises(ValueError, match="threshold must be in"):
+        ops.layer_norm_mul_dropout(x, u, w, b, words, 40000, 2.0)
+
+
+def test_model_layer_uses_the_fused_dropout_with_the_same_words():
+    """An HSTU layer in training mode draws the dropout words as FastDropout does (same generator
+    stream) and applies them in the fused op: equal to the two-op composition on the same draw."""
+    from grlib.config import ModelConfig
+    from grlib.model.hstu import HSTULayer
+
+    layer = HSTULayer(8, 2, 0.3, "reference").train()
+    attn, u = torch.randn(6, 8), torch.randn(6, 8)
+    torch.manual_seed(5)
+    words, threshold, scale = layer.dropout.draw(attn.shape)
+    fused = ops.layer_norm_mul_dropout(attn, u, layer.norm_attn.weight, layer.norm_attn.bias, words, threshold, scale)
+    torch.manual_seed(5)
+    two_ops = layer.dropout(layer.norm_attn(attn) * u)
+    torch.testing.assert_close(fused, two_ops, rtol=1e-5, atol=1e-6)
+    assert ModelConfig(name="hstu").dropout > 0  # the default model trains with dropout: the fused path runs

@@ -32,6 +32,7 @@ RULES = {
     "grlib.negatives": "library",
     "grlib.train": "library",
     "grlib.perf": "library",
+    "grlib.hardware": "library",  # the peaks MFU divides by: measured GEMM peak, nominal peak (compiled probes)
     "grlib.evaluate": "library",
     "grlib.dist": "library",  # torch.distributed runtime, balancers, data-parallel step
     "grlib.sim": "library",  # cluster-scale models (balancing, communication)

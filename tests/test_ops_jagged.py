@@ -167,3 +167,18 @@ def test_dispatcher_prefers_compiled_kernel_on_cpu():
     assert ops.choose("jagged_to_padded", "cpu") == "cpu"
     assert ops.choose("jagged_to_padded", "cuda") == "fbgemm"
     assert ops.implementations("segment_sum") == ("reference", "fbgemm", "cpu")
+
+
+def test_preferring_puts_one_implementation_first_for_auto_only():
+    from grlib.ops import registry
+
+    with registry.preferring("reference"):
+        assert ops.choose("jagged_to_padded", "cpu") == "reference"
+        assert ops.choose("dropout_words", "cpu") == "reference"
+        assert ops.choose("jagged_to_padded", "cpu", "cpu") == "cpu"  # an explicit name is kept
+    with registry.preferring("triton"):  # registered for hstu_attention, but not on CPU
+        assert ops.choose("hstu_attention", "cpu") == "cpu"
+    assert ops.choose("jagged_to_padded", "cpu") == "cpu"  # restored on exit
+    with pytest.raises(ValueError, match="unknown implementation 'mkl'"):
+        with registry.preferring("mkl"):
+            pass

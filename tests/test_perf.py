@@ -8,6 +8,7 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 from grlib import perf
+from grlib.hardware import gemm
 from grlib.config import ModelConfig
 from grlib.data.sequences import JaggedBatch
 from grlib.model import build_model
@@ -50,7 +51,7 @@ def test_projection_flops_match_torch_flop_counter(backward):
         if backward:
             out.sum().backward()
     counts = counter.get_flop_counts()["Global"]
-    linear = sum(v for op, v in counts.items() if str(op).split(".")[1] in ("addmm", "mm"))
+    linear = sum(v for op, v in counts.items() if str(op).split(".")[1] in ("addmm", "mm", "_linear_pointwise"))
     lengths = torch.tensor([5, 1, 0, 8])
     N, D, H = CFG.n_heads, CFG.d_model // CFG.n_heads, CFG.d_model
     gemm = CFG.n_layers * float((2 * lengths * 4 * N * D * H + 2 * lengths * N * D * H).sum())
@@ -67,7 +68,7 @@ def test_sasrec_counts_and_popularity_refused():
 def test_peak_is_measured_at_every_call_and_never_cached(monkeypatch, tmp_path):
     monkeypatch.setenv("GRLIB_DATA_DIR", str(tmp_path))
     readings = iter([1e11, 2e11])
-    monkeypatch.setattr(perf, "measure_peak_flops", lambda: {"peak_flops": next(readings), "per_size": {}})
+    monkeypatch.setattr(gemm, "measure_peak_flops", lambda **kw: {"peak_flops": next(readings), "per_size": {}})
     assert perf.peak_flops() == 1e11 and perf.peak_flops() == 2e11  # a second call measures again
     assert not any(tmp_path.rglob("*"))  # nothing written under the data folder (no <data>/cache/peak_flops.json)
 
@@ -75,13 +76,14 @@ def test_peak_is_measured_at_every_call_and_never_cached(monkeypatch, tmp_path):
 def test_measured_peak_brackets_the_block_and_uses_the_higher(monkeypatch):
     readings, events = iter([(3e11, 1e11), (2e11, 2e11)]), []
 
-    def measure(sizes):
-        assert sizes == perf.PEAK_SIZES
+    def measure(sizes, dtype):
+        assert sizes == perf.PEAK_SIZES and dtype == torch.float32
         events.append("peak")
         on_cpu, wall = next(readings)
-        return {"peak_flops": on_cpu, "peak_flops_wall": wall}
+        return {"peak_flops": on_cpu, "peak_flops_wall": wall, "dtype": "float32",
+                "per_library": {"blas": on_cpu / 2, "onednn": on_cpu} if len(events) == 1 else {"blas": wall}}
 
-    monkeypatch.setattr(perf, "measure_peak_flops", measure)
+    monkeypatch.setattr(gemm, "measure_peak_flops", measure)
     with perf.measured_peak() as peak:
         events.append("steps")
         with pytest.raises(RuntimeError, match="not taken yet"):
@@ -89,6 +91,8 @@ def test_measured_peak_brackets_the_block_and_uses_the_higher(monkeypatch):
     assert events == ["peak", "steps", "peak"]
     assert (peak.before, peak.after, peak.flops) == (3e11, 2e11, 3e11)
     assert (peak.before_wall, peak.after_wall, peak.flops_wall) == (1e11, 2e11, 2e11)
+    assert peak.per_library == {"blas": 2e11, "onednn": 3e11}  # each library's best of before and after
+    assert "measured float32 GEMM peak 300.0 GFLOP/s" in peak.describe()
 
 
 def test_measured_peak_is_a_real_gemm_rate():
@@ -99,16 +103,29 @@ def test_measured_peak_is_a_real_gemm_rate():
     for n in (64, 128):  # the on-CPU time never exceeds the wall time, so the rate is at least the wall-clock one
         assert math.isfinite(out["per_size"][n]) and out["per_size"][n] >= out["per_size_wall"][n] > 0
     assert out["threads"] == torch.get_num_threads() and out["dtype"] == "float32"
+    assert set(out["per_library"]) == set(perf.gemm_libraries()) and out["library"] in out["per_library"]
+    assert out["peak_flops"] == max(out["per_library"].values()) == out["per_library"][out["library"]]
+
+
+@pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="torch was built without oneDNN")
+def test_onednn_gemm_of_the_peak_computes_the_product():
+    """The oneDNN GEMM the peak times is a real product (a . b^T), not an empty call."""
+    a, b = torch.randn(64, 64), torch.randn(64, 64)
+    out = gemm._gemm("onednn", a, b, torch.empty(64, 64))()
+    torch.testing.assert_close(out, a @ b.T, rtol=1e-4, atol=1e-4)
+    with pytest.raises(ValueError, match="blas, onednn"):
+        gemm._gemm("cublas", a, b, a)
 
 
 def test_peak_counts_on_cpu_time_not_time_spent_waiting(monkeypatch):
     """A GEMM that waited for a core (wall 4 s, 2 threads on CPU 1 s each) counts as 1 s; one whose
     process burnt more CPU than its threads could (another thread busy) counts its wall time."""
     clocks = {"wall": [0.0, 4.0], "cpu": [0.0, 2.0]}
-    monkeypatch.setattr(perf.time, "perf_counter", lambda: clocks["wall"].pop(0))
-    monkeypatch.setattr(perf.time, "process_time", lambda: clocks["cpu"].pop(0))
-    monkeypatch.setattr(perf.torch, "get_num_threads", lambda: 2)
-    monkeypatch.setattr(perf.torch, "mm", lambda a, b, out: None)
+    monkeypatch.setattr(gemm.time, "perf_counter", lambda: clocks["wall"].pop(0))
+    monkeypatch.setattr(gemm.time, "process_time", lambda: clocks["cpu"].pop(0))
+    monkeypatch.setattr(gemm.torch, "get_num_threads", lambda: 2)
+    monkeypatch.setattr(gemm.torch, "mm", lambda a, b, out: None)
+    monkeypatch.setattr(gemm, "gemm_libraries", lambda: ("blas",))
     out = perf.measure_peak_flops(sizes=(8,), repeats=1, warmup=0)
     assert out["per_size"][8] == 2 * 8 ** 3 / 1.0 and out["per_size_wall"][8] == 2 * 8 ** 3 / 4.0
     clocks.update(wall=[0.0, 1.0], cpu=[0.0, 6.0])

@@ -5,6 +5,7 @@ import json
 
 import pytest
 
+from grlib import perf
 from grlib.cli import main
 
 
@@ -28,11 +29,15 @@ def test_train_cli_bad_override_names_the_field(isolated_outputs, capsys):
     assert "model.d_model: 30 is not divisible" in capsys.readouterr().err
 
 
-def test_bench_train_smoke(isolated_outputs):
+def test_bench_train_smoke(isolated_outputs, capsys):
     out = isolated_outputs / "bench.json"
-    assert main(["bench", "train", "--scale", "smoke", "--steps", "2", "--warmup", "1", "--json", str(out)]) == 0
+    assert main(["bench", "train", "--scale", "smoke", "--steps", "2", "--warmup", "1", "--impls",
+                 "reference,cpu,loop", "--top", "4", "--json", str(out)]) == 0
     rows = json.loads(out.read_text())
-    assert [r["attention_impl"] for r in rows][0] == "reference" and sum(r["auto"] for r in rows) == 1
+    assert [(r["attention_impl"], r["compiled"]) for r in rows] == [("reference", False), ("cpu", False),
+                                                                     ("loop", False), ("reference", True)]
+    assert sum(r["auto"] for r in rows) == 1 and rows[-1]["compile_s"] > 0  # compile time reported apart
+    assert "top 4 ops by self CPU time" in capsys.readouterr().out
     for r in rows:
         for key in ("mfu", "tokens_per_s", "step_ms", "flops_per_step", "peak_flops"):
             assert r[key] > 0, key
@@ -40,6 +45,11 @@ def test_bench_train_smoke(isolated_outputs):
         # the loss's logit products (2 P R d, x3) are reported apart from the HSTU-formula MFU
         assert r["loss_flops_per_step"] > 0
         assert r["mfu_with_loss"] == pytest.approx(r["mfu"] * (1 + r["loss_flops_per_step"] / r["flops_per_step"]))
+        # MFU two ways: against the GEMM peak measured in the run and against the nominal peak
+        assert r["nominal_peak_flops"] > 0 and "FLOP/cycle" in r["nominal_peak_how"]
+        assert r["mfu_nominal"] == pytest.approx(r["mfu"] * r["peak_flops"] / r["nominal_peak_flops"])
+        assert r["peak_flops"] == max(r[f"peak_{lib}"] for lib in perf.gemm_libraries())
+        assert r["load_1m"] >= 0 and r["step_cpu_ms"] > 0 and r["mfu_on_cpu"] > 0
 
 
 def test_params_only_reports_the_paper_preset(capsys):

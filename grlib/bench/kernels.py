@@ -13,13 +13,15 @@ ablations.kernels grid; rows go to the table bench_kernels.
 from __future__ import annotations
 
 import argparse
+import os
 
 from grlib.bench.common import print_table
 from grlib.config import config_from_args, load_ablation
 from grlib.experiments import kernels_stage
 
-COLUMNS = ("op", "impl", "regime", "max_len", "batch", "fill", "fwd_ms", "fwd_bwd_ms", "peak_mem_mb", "gflops",
-           "frac_of_peak", "speedup_vs_reference", "mem_reduction_vs_reference")
+COLUMNS = ("op", "impl", "regime", "max_len", "batch", "fill", "fwd_ms", "fwd_bwd_ms", "fwd_bwd_cpu_ms", "peak_mem_mb",
+           "gflops", "frac_of_peak", "frac_of_peak_on_cpu", "frac_of_nominal", "speedup_vs_reference",
+           "mem_reduction_vs_reference")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -46,5 +48,9 @@ def run(args: argparse.Namespace) -> list[dict]:
     first = rows[0]
     print_table([{k: r[k] for k in COLUMNS} for r in rows],
                 f"bench kernels: H={first['heads']} D={first['head_dim']} {first['dtype']}, {first['threads']} threads, "
-                f"matmul peak {first['matmul_peak_gflops']:.0f} GFLOP/s")
+                f"load average {os.getloadavg()[0]:.2f}\n"
+                f"frac_of_peak: against the measured GEMM peak {first['matmul_peak_gflops']:.0f} GFLOP/s "
+                f"(on-CPU time, best of torch.mm's BLAS and oneDNN)\n"
+                f"frac_of_nominal: against the nominal peak {first['nominal_peak_gflops']:.0f} GFLOP/s = "
+                f"{first['nominal_peak_how']}")
     return rows

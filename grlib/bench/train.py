@@ -1,8 +1,23 @@
 """Training step throughput and MFU of HSTU at a scale, for every attention implementation.
 
 MFU = useful FLOPs (grlib.perf, recsys-examples' HSTU formula on the real lengths) per second of
-whole training steps (data, forward, loss, backward, optimizer) / the fp32 GEMM peak measured
-warm in the same run (perf.measured_peak: before and after the steps; the higher one is used).
+whole training steps (data, forward, loss, backward, optimizer) / a peak, two ways in every row:
+`mfu` against the fp32 GEMM peak measured warm in the same run (perf.measured_peak: the best GEMM
+library, before and after the steps; the higher one is used), `mfu_nominal` against the nominal
+peak (grlib.hardware: cores x FLOP per cycle x clock, each source printed). The paper's 54.71%
+compares with `mfu_nominal` (a device's nominal peak: NVIDIA's convention, most likely the
+paper's). Each row also records the load average when it was measured (`load_1m`): on a shared
+machine the step's wall time grows with the load, the on-CPU GEMM peak does not; `step_cpu_ms` /
+`mfu_on_cpu` time each step as the peak's GEMMs are timed, min(wall, process CPU time / threads):
+exact with one thread (`--threads 1`), with more threads a lower bound on the time wherever a
+thread idles (serial parts), so an upper bound on MFU.
+
+Rows: every attention implementation that runs on CPU (the compiled kernel `cpu`, the padded
+`reference` and `fbgemm`, the non-padded per-sequence loops `loop` and `loop_compile`), and the
+whole plain-PyTorch model under torch.compile (`compiled` = true: attention_impl reference, every
+grlib op on its PyTorch reference through ops.registry.preferring; compile time apart in
+`compile_s`, the warm-up steps' time beyond their share of the timed median). Then the top ops by
+self CPU time of the `auto` row's steps (torch.profiler), so the next step is visible.
 The baselines of the same run: the `reference` (padded) attention, and the model's own projection
 GEMM shapes timed alone (`gemm_share_of_peak`: what the projections reach by themselves). `mfu_with_loss` adds the
 sampled softmax's logit products (perf.loss_flops), which the HSTU formula leaves out. Rows record
@@ -11,18 +26,22 @@ the OpenMP wait policy and threads (grlib.threads) and go to results/tables/benc
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
+import time
 from contextlib import closing
 
 import numpy as np
 import torch
+from torch import nn
 
-from grlib import ops, perf, results, threads
+from grlib import hardware, ops, perf, results, threads
 from grlib.bench.common import positive_int, print_table, set_threads, thread_columns
 from grlib.config import config_from_args
 from grlib.data.catalog import load_dataset
 from grlib.experiments.measure import median_ms
 from grlib.model import build_model, parameter_count
+from grlib.ops import registry
 from grlib.negatives import build_negative_path
 from grlib.train.optim import Optimizers
 from grlib.train.prefetch import build_schedule
@@ -31,8 +50,11 @@ from grlib.train.step import PHASES, TrainStep
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--steps", type=int, default=8, help="timed training steps per implementation")
-    p.add_argument("--warmup", type=int, default=2, help="untimed steps first")
+    p.add_argument("--warmup", type=int, default=2, help="untimed steps first (the compiled row: at least 3)")
     p.add_argument("--impls", default="all", help="comma-separated hstu_attention impls (default: all that run on CPU)")
+    p.add_argument("--compile", action=argparse.BooleanOptionalAction, default=True,
+                   help="add the torch.compile row of the plain-PyTorch model (default: on)")
+    p.add_argument("--top", type=int, default=15, help="top ops to print from a profile of the auto row (0: none)")
     p.add_argument("--threads", type=positive_int, default=None,
                    help="torch threads (default: grlib's, see grlib.threads)")
 
@@ -50,29 +72,74 @@ def _batches(cfg, n: int):
     return data, batches
 
 
-def _time_steps(cfg, data, batches, warmup: int) -> list[dict]:
+class PlainCompiled(nn.Module):
+    """The model under torch.compile, every grlib op on its PyTorch reference (traced inside
+    ops.registry.preferring("reference")); `embed` is the model's item table, as TrainStep expects."""
+
+    def __init__(self, model: nn.Module):
+        super().__init__()
+        self.inner, self.compiled = model, torch.compile(model, dynamic=True)
+
+    @property
+    def embed(self) -> nn.Module:
+        return self.inner.embed
+
+    def forward(self, batch):
+        with registry.preferring("reference"):
+            return self.compiled(batch)
+
+
+def _build_step(cfg, data, compiled: bool = False) -> TrainStep:
     torch.manual_seed(cfg.train.seed)
     model = build_model(cfg.model, data.n_items, cfg.data.max_len)
     model.train()
+    model = PlainCompiled(model) if compiled else model
     path = build_negative_path(cfg.negatives, data.n_items, data.train_item_counts(), seed=cfg.train.seed)
-    step = TrainStep(model, path, Optimizers(model, cfg.train))
-    records = []
+    return TrainStep(model, path, Optimizers(model, cfg.train))
+
+
+def _time_steps(cfg, data, batches, warmup: int, compiled: bool = False) -> tuple[list[dict], float]:
+    """Per timed step: tokens, FLOPs, phase seconds, on-CPU seconds; and the warm-up steps' wall seconds."""
+    step, threads_now = _build_step(cfg, data, compiled), torch.get_num_threads()
+    records, warmup_s = [], 0.0
     with closing(build_schedule(step, cfg.negatives).run(batches)) as steps:
+        wall, cpu = time.perf_counter(), time.process_time()
         for i, out in enumerate(steps):
-            if i >= warmup:
-                P = int((out.batch.targets > 0).sum())
-                records.append({"tokens": out.batch.item_ids.numel(),
-                                "flops": perf.batch_flops(out.batch.offsets, cfg.model),
-                                "loss_flops": perf.loss_flops(P, cfg.negatives.n_negatives, cfg.model.d_model),
-                                **{f"{p}_s": out.seconds[p] for p in PHASES if p != "data"}})
-    return records
+            wall, cpu, dw, dc = time.perf_counter(), time.process_time(), time.perf_counter() - wall, \
+                time.process_time() - cpu
+            if i < warmup:
+                warmup_s += dw
+                continue
+            P = int((out.batch.targets > 0).sum())
+            records.append({"tokens": out.batch.item_ids.numel(), "on_cpu_s": min(dw, dc / threads_now),
+                            "flops": perf.batch_flops(out.batch.offsets, cfg.model),
+                            "loss_flops": perf.loss_flops(P, cfg.negatives.n_negatives, cfg.model.d_model),
+                            **{f"{p}_s": out.seconds[p] for p in PHASES if p != "data"}})
+    return records, warmup_s
 
 
 def _gemm_share(T: int, d: int, peak: float) -> float:
-    """FLOP/s of the layer's projection GEMMs at this batch's shape ([T, d] x [d, 4d], [T, d] x [d, d]) / peak."""
-    x, w1, w2 = torch.randn(T, d), torch.randn(d, 4 * d), torch.randn(d, d)
-    ms = median_ms(lambda: (x @ w1, x @ w2), repeats=5, warmup=2)
+    """FLOP/s of the layer's projection GEMMs at this batch's shape ([T, d] x [d, 4d], [T, d] x [d, d]),
+    through the model's grlib.ops.linear, / peak."""
+    x, w1, w2 = torch.randn(T, d), torch.randn(4 * d, d), torch.randn(d, d)
+    ms = median_ms(lambda: (ops.linear(x, w1), ops.linear(x, w2)), repeats=5, warmup=2)
     return 2 * T * d * 5 * d / (ms / 1e3) / peak
+
+
+def top_ops(cfg, data, batches, n: int, steps: int = 3) -> list[dict]:
+    """The n ops with the most self CPU time over `steps` profiled training steps (torch.profiler)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    step = _build_step(cfg, data)
+    it = iter(batches)
+    step(it)  # warm
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        for _ in range(steps):
+            step(it)
+    events = sorted(prof.key_averages(), key=lambda e: e.self_cpu_time_total, reverse=True)
+    total = sum(e.self_cpu_time_total for e in events)
+    return [{"op": e.key[:60], "self_ms_per_step": e.self_cpu_time_total / 1e3 / steps,
+             "share": e.self_cpu_time_total / total, "calls_per_step": e.count / steps} for e in events[:n]]
 
 
 def run(args: argparse.Namespace) -> list[dict]:
@@ -80,38 +147,58 @@ def run(args: argparse.Namespace) -> list[dict]:
     cfg = config_from_args(args, {"model.name": "hstu"})  # -o model.d_model=512: MFU at another shape
     impls = ops.runnable("hstu_attention", "cpu") if args.impls == "all" else tuple(args.impls.split(","))
     auto = ops.choose("hstu_attention", "cpu", "auto")
-    data, batches = _batches(cfg, args.warmup + args.steps)
+    variants = [(impl, False) for impl in impls] + ([("reference", True)] if args.compile else [])
+    data, batches = _batches(cfg, max(args.warmup, 3) + args.steps)
+    nominal = hardware.nominal_peak("float32", threads=torch.get_num_threads())
     with perf.measured_peak() as measured:
-        timed = {impl: _time_steps(cfg.replace({"model.attention_impl": impl}), data, batches, args.warmup)
-                 for impl in impls}
+        timed = {(impl, compiled): _time_steps(cfg.replace({"model.attention_impl": impl}), data, batches,
+                                               max(args.warmup, 3) if compiled else args.warmup, compiled)
+                 for impl, compiled in variants}
     peaks, peak = (measured.before, measured.after), measured.flops
+    load = os.getloadavg()[0]
     T = int(np.mean([b.item_ids.numel() for b in batches]))
     gemm = _gemm_share(T, cfg.model.d_model, peak)
     count = parameter_count(build_model(cfg.model, data.n_items, cfg.data.max_len, device="meta"))
     rows, base = [], None
-    for impl, recs in timed.items():
+    for (impl, compiled), (recs, warmup_s) in timed.items():
         step_s = [sum(r[f"{p}_s"] for p in PHASES if p != "data") for r in recs]
         total_s, flops, loss_flops = sum(step_s), sum(r["flops"] for r in recs), sum(r["loss_flops"] for r in recs)
         step_ms = statistics.median(step_s) * 1e3
-        base = step_ms if impl == "reference" else base
+        base = step_ms if (impl, compiled) == ("reference", False) else base
+        n_warm = max(args.warmup, 3) if compiled else args.warmup
         rows.append({
-            "attention_impl": impl, "auto": impl == auto, "d_model": cfg.model.d_model, "n_layers": cfg.model.n_layers,
+            "attention_impl": impl, "compiled": compiled, "auto": impl == auto and not compiled,
+            "d_model": cfg.model.d_model, "n_layers": cfg.model.n_layers,
             "n_heads": cfg.model.n_heads, "batch": cfg.train.batch_size, "max_len": cfg.data.max_len,
             "params": count.total, "tokens_per_step": T, "real_fraction": T / (cfg.train.batch_size * cfg.data.max_len),
             "flops_per_step": flops / len(recs), "step_ms": step_ms, "tokens_per_s": sum(r["tokens"] for r in recs) / total_s,
+            "step_cpu_ms": statistics.median(r["on_cpu_s"] for r in recs) * 1e3,
+            "compile_s": max(0.0, warmup_s - n_warm * step_ms / 1e3) if compiled else 0.0,
             **{f"{p}_share": sum(r[f"{p}_s"] for r in recs) / total_s for p in PHASES if p != "data"},
             "peak_flops": peak, "peak_before": peaks[0], "peak_after": peaks[1], "gemm_share_of_peak": gemm,
-            "mfu": perf.mfu(flops, total_s, peak), **thread_columns(),
+            **{f"peak_{lib}": v for lib, v in measured.per_library.items()},
+            "nominal_peak_flops": nominal.flops, "nominal_peak_how": nominal.how,
+            "mfu": perf.mfu(flops, total_s, peak), "mfu_nominal": perf.mfu(flops, total_s, nominal.flops),
+            "mfu_on_cpu": perf.mfu(flops, sum(r["on_cpu_s"] for r in recs), peak),
+            **thread_columns(), "load_1m": load,
             "loss_flops_per_step": loss_flops / len(recs), "mfu_with_loss": perf.mfu(flops + loss_flops, total_s, peak),
+            "mfu_with_loss_nominal": perf.mfu(flops + loss_flops, total_s, nominal.flops),
         })
     for row in rows:
         row["speedup_vs_reference"] = base / row["step_ms"] if base else float("nan")
-    print_table([{k: r[k] for k in ("attention_impl", "auto", "tokens_per_step", "step_ms", "tokens_per_s",
+    print_table([{k: r[k] for k in ("attention_impl", "compiled", "auto", "step_ms", "step_cpu_ms", "compile_s",
                                     "forward_share", "loss_share", "backward_share", "optimizer_share",
-                                    "gemm_share_of_peak", "mfu", "mfu_with_loss", "speedup_vs_reference")} for r in rows],
+                                    "gemm_share_of_peak", "mfu", "mfu_nominal", "mfu_on_cpu", "mfu_with_loss",
+                                    "speedup_vs_reference")} for r in rows],
                 f"bench train: scale {cfg.scale}, HSTU {cfg.model.n_layers}x{cfg.model.n_heads} d={cfg.model.d_model}, "
-                f"{count}; batch {cfg.train.batch_size} x max_len {cfg.data.max_len}; "
-                f"peak {peak / 1e9:.1f} GFLOP/s (fp32 GEMM, measured before/after: "
-                f"{peaks[0] / 1e9:.1f}/{peaks[1] / 1e9:.1f}); {args.steps} timed steps each; {threads.describe()}")
+                f"{count}; batch {cfg.train.batch_size} x max_len {cfg.data.max_len} ({T} tokens per step); "
+                f"{args.steps} timed steps each; {threads.describe()}; load average {load:.2f}\n"
+                f"mfu: against the {measured.describe()}\n"
+                f"mfu_nominal: against the {nominal.describe()}\n"
+                f"The paper's 54.71% MFU compares with mfu_nominal (a nominal peak, NVIDIA's convention).")
+    if args.top > 0:
+        print_table(top_ops(cfg.replace({"model.attention_impl": auto}), data, batches, args.top),
+                    f"top {args.top} ops by self CPU time, attention {auto} (torch.profiler, "
+                    f"per step; wall-clock based: a busy machine inflates every op alike)")
     results.append_rows("bench_train", rows, cfg)
     return rows

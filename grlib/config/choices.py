@@ -12,7 +12,7 @@ CONTEXTS = ("all", "targets")  # data.context: history tokens are all impression
 
 # model
 MODELS = ("hstu", "sasrec", "popularity")  # model.name, ablations.train.models
-IMPLS = ("reference", "fbgemm", "cpu", "triton", "npu")  # operator implementations: ablations.kernels.impls
+IMPLS = ("reference", "fbgemm", "cpu", "triton", "npu", "loop", "loop_compile", "onednn")  # operator implementations: ablations.kernels.impls
 
 # negatives
 SAMPLERS = ("uniform", "popularity", "in-batch")  # negatives.sampler, ablations.negatives.samplers

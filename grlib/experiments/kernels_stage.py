@@ -27,7 +27,13 @@ times the forward (autograd recording, as in training) and forward+backward: med
 each row records how many). The whole batch is timed by one forward and by its memory run.
 gflops = useful FLOPs on the real lengths (attention forward
 2 * H * (Dqk + Dv) * s**2 / 2 per sequence, x3.5 with backward) / forward+backward time;
-frac_of_peak divides by a warm dense matmul of this machine measured in the same run.
+frac_of_peak divides by the GEMM peak of this machine measured in the same run (grlib.hardware:
+warm square GEMMs, on-CPU time, the best of torch.mm's BLAS and oneDNN), frac_of_nominal by its
+nominal peak (grlib.hardware: cores x FLOP per cycle x clock); both in the kernels' dtype.
+fwd_bwd_cpu_ms / gflops_on_cpu / frac_of_peak_on_cpu time each forward+backward as the peak's
+GEMMs are timed, min(wall, process CPU time / threads): exact with one thread, and on a machine
+that other jobs share the rate the kernel gets while it runs; with more threads a lower bound on
+the time wherever a thread idles (serial parts), so an upper bound on the rate.
 Ratios are against `reference` in the same run and regime/max_len.
 """
 from __future__ import annotations
@@ -45,7 +51,7 @@ import altair as alt
 import polars as pl
 import torch
 
-from grlib import plots, progress, results
+from grlib import hardware, plots, progress, results
 from grlib.config import Config, KernelsAblation, KernelsConfig
 from grlib.experiments import claims
 from grlib.experiments.measure import kuairand_lengths, median_ms
@@ -198,6 +204,7 @@ def measure(cfg, ablation: KernelsAblation, table: str, batch: int | None = None
     kc = cfg.kernels
     heads, head_dim = cfg.model.n_heads, cfg.model.d_model // cfg.model.n_heads
     peak = matmul_peak_gflops(DTYPES[kc.dtype], threads)
+    nominal = hardware.nominal_peak(kc.dtype, threads=threads or torch.get_num_threads())
     rows = []
     specs = plan(kc, ablation, batch)
     for spec in progress.progress(specs, desc="bench kernels"):
@@ -207,7 +214,12 @@ def measure(cfg, ablation: KernelsAblation, table: str, batch: int | None = None
         row = run_child(spec) if kc.isolate else _in_process(spec)
         row["isolated"] = kc.isolate
         row["frac_of_peak"] = row["gflops"] / peak
+        row["frac_of_peak_on_cpu"] = row["gflops_on_cpu"] / peak
         row["matmul_peak_gflops"] = peak
+        row["frac_of_nominal"] = row["gflops"] * 1e9 / nominal.flops
+        row["nominal_peak_gflops"] = nominal.flops / 1e9
+        row["nominal_peak_how"] = nominal.how
+        row["load_1m"] = os.getloadavg()[0]  # the machine's load as the row was measured
         rows.append(row)
     _add_ratios(rows)
     results.append_rows(table, rows, cfg)
@@ -229,13 +241,11 @@ def _add_ratios(rows: list[dict]) -> None:
                                       if ref is not None and r["whole_batch"] and ref["batch"] else float("nan"))
 
 
-def matmul_peak_gflops(dtype: torch.dtype, threads: int | None = None, n: int = 2048, repeats: int = 5) -> float:
-    """Warm dense matmul throughput of this machine (the MFU denominator on CPU)."""
+def matmul_peak_gflops(dtype: torch.dtype, threads: int | None = None) -> float:
+    """This machine's GEMM peak in `dtype` (GFLOP/s; hardware.measure_peak_flops: on-CPU time, best library)."""
     if threads:
         torch.set_num_threads(threads)
-    a, b = torch.randn(n, n).to(dtype), torch.randn(n, n).to(dtype)
-    ms = median_ms(lambda: a @ b, repeats=repeats, warmup=2)
-    return 2 * n**3 / (ms * 1e6)
+    return hardware.measure_peak_flops(dtype=dtype)["peak_flops"] / 1e9
 
 
 def run_child(spec: dict) -> dict:
@@ -331,9 +341,10 @@ def child(spec: dict) -> dict:
     if measure_memory:
         _reset_peak()
         base = _status_kb("VmRSS")
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), time.process_time()
     step()
     first_ms = (time.perf_counter() - start) * 1e3
+    first_cpu_ms = min(first_ms, (time.process_time() - cpu) * 1e3 / spec["threads"])
     peak_mb = (_status_kb("VmHWM") - base) / 1024 if measure_memory else float("nan")
     for leaf in leaves:
         leaf.grad = None
@@ -342,14 +353,15 @@ def child(spec: dict) -> dict:
     # batch (repeats 0, no comparison) reuses the memory run as its one forward+backward sample.
     repeats = max(1, min(spec["repeats"], int(spec["row_seconds"] * 1e3 / (1.4 * first_ms))))
     fwd_ms = median_ms(forward, repeats=repeats, warmup=0)
-    fwd_bwd = [first_ms] if spec["repeats"] == 0 else []
+    fwd_bwd, on_cpu = ([first_ms], [first_cpu_ms]) if spec["repeats"] == 0 else ([], [])
     for _ in range(repeats if spec["repeats"] else 0):
-        start = time.perf_counter()
+        start, cpu = time.perf_counter(), time.process_time()
         step()
         fwd_bwd.append((time.perf_counter() - start) * 1e3)
+        on_cpu.append(min(fwd_bwd[-1], (time.process_time() - cpu) * 1e3 / spec["threads"]))
         for leaf in leaves:
             leaf.grad = None
-    fwd_bwd_ms = statistics.median(fwd_bwd)
+    fwd_bwd_ms, fwd_bwd_cpu_ms = statistics.median(fwd_bwd), statistics.median(on_cpu)
     lengths = x["lengths"].double()
     D = spec["head_dim"]
     # useful FLOPs: the attention's matmuls; the fused LayerNorm * u is memory-bound (no figure)
@@ -359,7 +371,8 @@ def child(spec: dict) -> dict:
             "fill": T / (B * N), "heads": spec["heads"], "head_dim": D, "dtype": spec["dtype"],
             "threads": spec["threads"], "whole_batch": spec["whole_batch"], "repeats": repeats,
             "fwd_ms": fwd_ms, "fwd_bwd_ms": fwd_bwd_ms, "first_fwd_bwd_ms": first_ms, "peak_mem_mb": peak_mb,
-            "gflops": 3.5 * flops_fwd / (fwd_bwd_ms * 1e6), "seed": spec["seed"]}
+            "gflops": 3.5 * flops_fwd / (fwd_bwd_ms * 1e6), "fwd_bwd_cpu_ms": fwd_bwd_cpu_ms,
+            "gflops_on_cpu": 3.5 * flops_fwd / (fwd_bwd_cpu_ms * 1e6), "seed": spec["seed"]}
 
 
 if __name__ == "__main__":

@@ -70,7 +70,10 @@ def random_words(shape: torch.Size, device: torch.device | str = "cpu") -> Tenso
 def _words(shape: torch.Size, device: torch.device | str) -> Tensor:
     n = shape.numel()
     words = torch.empty((n + 3) // 4, dtype=torch.int64, device=device).random_(-(2**63), None)  # [ceil(n / 4)], all 64 bits
-    return words.view(torch.int16)[:n].view(shape)
+    words = words.view(torch.int16)[:n].view(shape)
+    # under torch.compile, an output that views the int64 buffer as int16 breaks AOT autograd's alias
+    # replay (it re-creates the view with the int64 item size: torch 2.13); a copy is not an alias
+    return words.clone() if torch.compiler.is_compiling() else words
 
 
 def keep_mask(shape: torch.Size, p: float, device: torch.device | str = "cpu") -> Tensor:
@@ -78,13 +81,19 @@ def keep_mask(shape: torch.Size, p: float, device: torch.device | str = "cpu") -
     return kept(random_words(shape, device), drop_count(p) - WORDS // 2)
 
 
-def fast_dropout(x: Tensor, p: float, training: bool = True) -> Tensor:
-    if not training or p == 0.0:
-        return x
+def draw(shape: torch.Size, p: float, device: torch.device | str = "cpu") -> tuple[Tensor, int, float]:
+    """The words [shape] int16, threshold and scale of one dropout of probability p (what
+    ops.dropout_words applies; a fused op that applies the dropout itself takes these three)."""
     k = drop_count(p)
     scale = WORDS / (WORDS - k) if k < WORDS else 0.0
     threshold = k - WORDS // 2  # kept where word >= threshold (none when p = 1)
-    return ops.dropout_words(x, random_words(x.shape, x.device), threshold, scale)  # words [*] int16
+    return random_words(shape, device), threshold, scale
+
+
+def fast_dropout(x: Tensor, p: float, training: bool = True) -> Tensor:
+    if not training or p == 0.0:
+        return x
+    return ops.dropout_words(x, *draw(x.shape, p, x.device))  # words [*] int16
 
 
 class FastDropout(nn.Module):
@@ -94,6 +103,16 @@ class FastDropout(nn.Module):
         super().__init__()
         drop_count(p)  # validates
         self.p = p
+
+    @property
+    def active(self) -> bool:
+        """Whether forward draws and applies a mask (training, p > 0)."""
+        return self.training and self.p > 0.0
+
+    def draw(self, shape: torch.Size, device: torch.device | str = "cpu") -> tuple[Tensor, int, float]:
+        """(words, threshold, scale) of this dropout for an activation of `shape`, drawn as forward
+        draws them (for an op that fuses the dropout: grlib.ops.layer_norm_mul_dropout)."""
+        return draw(shape, self.p, device)
 
     def forward(self, x: Tensor) -> Tensor:
         return fast_dropout(x, self.p, self.training)

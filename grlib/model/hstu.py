@@ -6,11 +6,15 @@ One layer (pointwise SiLU attention, no softmax; meta-recsys/generative-recommen
     A = hstu_attention(Q, K, V)                               # grlib.ops: causal, rel. pos/time bias, / max_len
     Y = X + W2 . Dropout(LayerNorm(A) * U) + b2               # gated output, residual
 
+Dropout(LayerNorm(A) * U) is one op, grlib.ops.layer_norm_mul_dropout (one pass over the rows
+forward and one backward with the compiled kernel; the dropout's words drawn as FastDropout draws
+them), and LayerNorm(A) * U without dropout (eval) grlib.ops.layer_norm_mul.
+
 The split, the SiLU and the attention are one op, grlib.ops.uvqk_attention: with the compiled CPU
 kernel, SiLU(Q, K, V) is applied inside the attention's tiles and never written out.
 
-Dropout is grlib.model.dropout.FastDropout (16-bit random words; nn.Dropout's serial Bernoulli
-draws took 12% of a laptop training step).
+The projections are grlib.ops.linear (oneDNN on CPU). Dropout is grlib.model.dropout.FastDropout
+(16-bit random words; nn.Dropout's serial Bernoulli draws took 12% of a laptop training step).
 
 The encoder maps a JaggedBatch to one L2-normalised vector per token ([T, d]).
 """
@@ -30,14 +34,22 @@ N_POS_BUCKETS = 128  # relative positions i - j >= 127 share one bucket
 N_TIME_BUCKETS = 32  # log2 buckets of |t_i - t_j| in seconds
 
 
+class Linear(nn.Linear):
+    """nn.Linear (same parameters and init) whose product is grlib.ops.linear: on CPU through oneDNN
+    (MKL's sgemm takes its AVX2 path on AMD CPUs; grlib/ops/matmul.py)."""
+
+    def forward(self, x: Tensor) -> Tensor:
+        return ops.linear(x, self.weight, self.bias)
+
+
 class HSTULayer(nn.Module):
     def __init__(self, d: int, n_heads: int, dropout: float, attention_impl: str):
         super().__init__()
         self.n_heads, self.dh, self.impl = n_heads, d // n_heads, attention_impl
         self.norm_in = nn.LayerNorm(d)
-        self.uvqk = nn.Linear(d, 4 * d)
+        self.uvqk = Linear(d, 4 * d)
         self.norm_attn = nn.LayerNorm(d)
-        self.out = nn.Linear(d, d)
+        self.out = Linear(d, d)
         self.dropout = FastDropout(dropout)
         self.pos_bias = nn.Parameter(torch.zeros(n_heads, N_POS_BUCKETS))
         self.time_bias = nn.Parameter(torch.zeros(n_heads, N_TIME_BUCKETS))
@@ -50,8 +62,13 @@ class HSTULayer(nn.Module):
         u, attn = ops.uvqk_attention(z, self.n_heads, batch.offsets, batch.max_len, pos_bias=self.pos_bias,
                                      time_bias=self.time_bias, timestamps=batch.timestamps,
                                      impl=self.impl)  # [T, d], [T, H, dh]
-        y = self.norm_attn(attn.reshape(T, -1)) * u  # [T, d]
-        return x + self.out(self.dropout(y))
+        a, norm = attn.reshape(T, -1), self.norm_attn  # [T, d]
+        if self.dropout.active:  # Dropout(LayerNorm(a) * u) in one op
+            y = ops.layer_norm_mul_dropout(a, u, norm.weight, norm.bias, *self.dropout.draw(a.shape, a.device),
+                                           eps=norm.eps)
+        else:
+            y = ops.layer_norm_mul(a, u, norm.weight, norm.bias, eps=norm.eps)
+        return x + self.out(y)
 
 
 class HSTU(nn.Module):

@@ -18,7 +18,8 @@ Memory: no [P, R] tensor is held between forward and backward (forward keeps lse
 recomputes the logits, cheap next to the lookups), the shared path never materialises all [P, R]
 logits at once (it works in chunks of tokens), and the per-token table gradient is accumulated in
 chunks (no [P, R, d] FP32 tensor). In FP32 the shared path is fused with the loss
-(SharedSoftmaxLoss): the scalar loss's gradients are made in the forward pass, chunk by chunk, so
+(SharedSoftmaxLoss, its three GEMMs through grlib.ops.matmul_nt: oneDNN on CPU): the scalar
+loss's gradients are made in the forward pass, chunk by chunk, so
 nothing is recomputed and the held grad_u [P, d] and grad_pool [R, d] take the place of u and the
 pool. What stays alive between forward and backward is
   per-token   the looked-up rows E[ids] [P, R, d] (in `dtype`), ids [P, R] (int32), u [P, d]
@@ -36,6 +37,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+
+from grlib import ops
 
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 MASKED = -1e9  # logit of a masked negative: exp() underflows to exactly 0; unlike -inf, no NaN gradient
@@ -186,7 +189,7 @@ class SharedSoftmaxLoss(torch.autograd.Function):
         bounds = torch.searchsorted(hit_rows, torch.tensor([s for s, _ in chunks] + [P], device=u.device)).tolist()
         neg_logq = None if logq is None else logq[pool_ids]  # [R]
         for n, (s, e) in enumerate(chunks):
-            logits = u[s:e] @ pool.T  # [c, R]
+            logits = ops.matmul_nt(u[s:e], pool)  # [c, R]
             if neg_logq is not None:
                 logits.sub_(neg_logq)
             h0, h1 = bounds[n], bounds[n + 1]
@@ -199,8 +202,8 @@ class SharedSoftmaxLoss(torch.autograd.Function):
                 w = torch.sigmoid(lse[s:e] - pos[s:e]).div_(P)  # [c]
                 grad_pos[s:e] = -w
                 g = logits.mul_((w / total)[:, None])  # [c, R]
-                torch.mm(g, pool, out=grad_u[s:e])
-                grad_pool.addmm_(g.T, u[s:e])
+                grad_u[s:e] = ops.matmul_nt(g, pool.T)  # G . pool
+                grad_pool += ops.matmul_nt(u[s:e].T, g.T).T  # G^T . u, as (u^T . G)^T (grlib/ops/matmul.py)
         ctx.save_for_backward(grad_u, grad_pool, grad_pos)
         if P == 0:
             return lse.sum()  # 0.0, as sampled_softmax gives for no tokens

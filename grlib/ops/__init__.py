@@ -1,6 +1,6 @@
-"""Ops with one dispatcher each: reference (torch), fbgemm, cpu (grlib._C), ...: the jagged
-conversions and reductions, HSTU attention, the ops around it, and the training step's
-dropout_words and lazy_adam_.
+"""Ops with one dispatcher each: reference (torch), fbgemm, cpu (grlib._C), onednn, ...: the jagged
+conversions and reductions, HSTU attention, the ops around it, the projections' linear, and the
+training step's dropout_words and lazy_adam_.
 
 Every public op takes `impl="auto"` (choose by device, see registry.PREFERENCE) or an explicit
 implementation name. Feature dims after the token dim are flattened for the kernels and restored.
@@ -25,7 +25,7 @@ from grlib.ops.registry import IMPLS, choose, implementations, runnable
 __all__ = [
     "IMPLS", "Jagged", "choose", "implementations", "offsets_from_lengths", "runnable",
     "jagged_to_padded", "padded_to_jagged", "segment_sum", "segment_mean", "segment_expand",
-    "hstu_attention", "uvqk_attention", "layer_norm_mul", "dropout_words", "lazy_adam_",
+    "hstu_attention", "uvqk_attention", "layer_norm_mul", "layer_norm_mul_dropout", "linear", "matmul_nt", "dropout_words", "lazy_adam_",
 ]
 
 
@@ -100,6 +100,8 @@ registry.register("hstu_attention", "fbgemm", _loader("fbgemm_attention", "hstu_
 registry.register("hstu_attention", "cpu", _loader("cpu_attention", "hstu_attention"))
 registry.register("hstu_attention", "triton", _loader("triton_attention", "hstu_attention"))
 registry.register("hstu_attention", "npu", _loader("npu", "hstu_attention"))
+registry.register("hstu_attention", "loop", _loader("attention_loop", "hstu_attention_loop"))
+registry.register("hstu_attention", "loop_compile", _loader("attention_loop", "hstu_attention_loop_compile"))
 
 
 def hstu_attention(q: Tensor, k: Tensor, v: Tensor, offsets: Tensor, max_len: int,
@@ -160,6 +162,54 @@ def layer_norm_mul(x: Tensor, u: Tensor, weight: Tensor, bias: Tensor, eps: floa
     fn = registry.resolve("layer_norm_mul", x.device, impl)
     d = x.shape[-1]
     return fn(x.reshape(-1, d), u.reshape(-1, d), weight, bias, eps).reshape(x.shape)
+
+
+registry.register("layer_norm_mul_dropout", "reference", _loader("fused", "layer_norm_mul_dropout_reference"))
+registry.register("layer_norm_mul_dropout", "cpu", _loader("cpu_fused", "layer_norm_mul_dropout"))
+
+
+def layer_norm_mul_dropout(x: Tensor, u: Tensor, weight: Tensor, bias: Tensor, words: Tensor, threshold: int,
+                           scale: float, eps: float = 1e-5, impl: str = "auto") -> Tensor:
+    """dropout_words(LayerNorm(x) * u, words, threshold, scale) over the last dim: x, u, words [..., d]
+    (words int16), weight, bias [d] -> [..., d] in one pass (grlib/ops/fused.py)."""
+    from grlib.ops.dropout import check_dropout_words_args
+    from grlib.ops.fused import check_layer_norm_mul_args
+
+    check_layer_norm_mul_args(x, u, weight, bias, eps)
+    check_dropout_words_args(x, words, threshold)
+    fn = registry.resolve("layer_norm_mul_dropout", x.device, impl)
+    d = x.shape[-1]
+    return fn(x.reshape(-1, d), u.reshape(-1, d), weight, bias, eps, words.reshape(-1, d), threshold,
+              scale).reshape(x.shape)
+
+
+# imported now, not at first use: it registers the FLOP formula of oneDNN's GEMM, which a
+# FlopCounterMode reads when it starts (a lazy import inside a counted region went uncounted)
+from grlib.ops import matmul as _matmul  # noqa: E402,F401
+
+registry.register("linear", "reference", _loader("matmul", "linear_reference"))
+registry.register("linear", "onednn", _loader("matmul", "linear_onednn"))
+
+
+def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None, impl: str = "auto") -> Tensor:
+    """x [..., in] . weight [out, in]^T + bias [out] -> [..., out] (grlib/ops/matmul.py)."""
+    from grlib.ops.matmul import check_linear_args
+
+    check_linear_args(x, weight, bias)
+    fn = registry.resolve("linear", x.device, impl)
+    return fn(x.reshape(-1, x.shape[-1]), weight, bias).reshape(*x.shape[:-1], weight.shape[0])
+
+
+registry.register("matmul_nt", "reference", _loader("matmul", "matmul_nt_reference"))
+registry.register("matmul_nt", "onednn", _loader("matmul", "matmul_nt_onednn"))
+
+
+def matmul_nt(a: Tensor, b: Tensor, impl: str = "auto") -> Tensor:
+    """a [M, K] . b [N, K]^T -> [M, N], no autograd (grlib/ops/matmul.py)."""
+    from grlib.ops.matmul import check_matmul_nt_args
+
+    check_matmul_nt_args(a, b)
+    return registry.resolve("matmul_nt", a.device, impl)(a, b)
 
 
 registry.register("dropout_words", "reference", _loader("dropout", "dropout_words_reference"))

@@ -19,7 +19,9 @@ are cast to the compute dtype; their gradients come back in their own dtype.
 Implementations (grlib.ops.hstu_attention(..., impl=...)): `reference` (this file: pad, dense
 einsum, mask, unpad; the ground truth), `fbgemm` (fbgemm jagged ops around the dense math),
 `cpu` (the fused kernel, kernels/cpu/hstu_*.{h,cpp}), `triton` (CUDA; grlib/ops/
-triton_attention.py), `npu` (torch-npu / fbgemm-ascend; grlib/ops/npu.py). The compiled `cpu`
+triton_attention.py), `npu` (torch-npu / fbgemm-ascend; grlib/ops/npu.py), and the non-padded
+peers `loop` / `loop_compile` (dense attention per sequence, eager / torch.compile;
+grlib/ops/attention_loop.py). The compiled `cpu`
 kernel computes in float32 for bfloat16 / float16 inputs (float64 for float64) and rounds once on
 output, so it is at least as accurate as the reference run in the same low precision.
 """
@@ -37,10 +39,12 @@ from grlib.ops import reference as ref
 def time_buckets(dt: Tensor, n_buckets: int) -> Tensor:
     """Integer time gaps (any sign) -> min(floor(log2(1 + |dt|)), n_buckets - 1), exact for |dt| < 2**53.
 
-    frexp's exponent of an exactly represented integer a >= 1 is floor(log2(a)) + 1 (no log2
-    rounding just below a power of two)."""
+    a = 1 + |dt| converts exactly to float64 below 2**53, and its biased binary exponent (bits 52-62)
+    minus 1023 is floor(log2(a)): no log2 rounding just below a power of two. Read from the bits
+    (a view as int64, as the C++ kernel does) rather than through torch.frexp, whose int32 exponent
+    torch.compile's vectorised CPU code cannot convert to int64 (a C++ compile error)."""
     a = (dt.to(torch.int64).abs() + 1).to(torch.float64)  # exact below 2**53
-    return (torch.frexp(a).exponent.to(torch.int64) - 1).clamp(max=n_buckets - 1)
+    return ((a.view(torch.int64) >> 52) - 1023).clamp(max=n_buckets - 1)
 
 
 def check_attention_args(q: Tensor, k: Tensor, v: Tensor, offsets: Tensor, max_len: int,

@@ -1,4 +1,5 @@
-"""The compiled fused ops around attention (kernels/cpu/layer_norm_mul.cpp): autograd and fake impls."""
+"""The compiled fused ops around attention (kernels/cpu/layer_norm_mul.cpp): layer_norm_mul and
+layer_norm_mul_dropout, with their autograd and fake impls."""
 from __future__ import annotations
 
 import torch
@@ -38,3 +39,37 @@ torch.library.register_autograd("grlib::layer_norm_mul", _backward, setup_contex
 def layer_norm_mul(x: Tensor, u: Tensor, weight: Tensor, bias: Tensor, eps: float) -> Tensor:
     """x, u [N, d] -> LayerNorm(x) * u [N, d] in one pass per row."""
     return _ops.layer_norm_mul(x, u, weight, bias, float(eps))[0]
+
+
+@torch.library.register_fake("grlib::layer_norm_mul_dropout")
+def _(x, u, weight, bias, eps, words, threshold, scale):
+    acc = torch.float64 if x.dtype == torch.float64 else torch.float32
+    return x.new_empty(x.shape), x.new_empty(x.shape[:1], dtype=acc), x.new_empty(x.shape[:1], dtype=acc)
+
+
+@torch.library.register_fake("grlib::layer_norm_mul_dropout_backward")
+def _(grad, x, u, weight, bias, mean, rstd, words, threshold, scale):
+    return x.new_empty(x.shape), u.new_empty(u.shape), weight.new_empty(weight.shape), bias.new_empty(bias.shape)
+
+
+def _setup_dropout(ctx, inputs, output) -> None:
+    x, u, weight, bias, _, words, threshold, scale = inputs
+    _, mean, rstd = output
+    ctx.save_for_backward(x, u, weight, bias, mean, rstd, words)  # words [N, d] int16: the mask, recomputed
+    ctx.threshold, ctx.scale = threshold, scale
+
+
+def _backward_dropout(ctx, grad_y: Tensor, grad_mean, grad_rstd):
+    x, u, weight, bias, mean, rstd, words = ctx.saved_tensors
+    dx, du, dw, db = _ops.layer_norm_mul_dropout_backward(grad_y.contiguous(), x, u, weight, bias, mean, rstd, words,
+                                                          ctx.threshold, ctx.scale)
+    return dx, du, dw, db, None, None, None, None
+
+
+torch.library.register_autograd("grlib::layer_norm_mul_dropout", _backward_dropout, setup_context=_setup_dropout)
+
+
+def layer_norm_mul_dropout(x: Tensor, u: Tensor, weight: Tensor, bias: Tensor, eps: float, words: Tensor,
+                           threshold: int, scale: float) -> Tensor:
+    """x, u [N, d], words [N, d] int16 -> LayerNorm(x) * u * (words >= threshold) * scale, one pass per row."""
+    return _ops.layer_norm_mul_dropout(x, u, weight, bias, float(eps), words.contiguous(), threshold, float(scale))[0]

@@ -4,6 +4,11 @@ layer_norm_mul(x, u, weight, bias, eps) = LayerNorm(x) * u over the last dim: HS
 `norm_attn(A V) * U` before the output projection. The compiled kernel (kernels/cpu/
 layer_norm_mul.cpp, grlib.ops.cpu_fused) does it in one pass per row and keeps only mean and
 rstd for backward instead of the [N, d] LayerNorm output.
+
+layer_norm_mul_dropout(x, u, weight, bias, eps, words, threshold, scale) = dropout_words(
+LayerNorm(x) * u, words, threshold, scale) (grlib/ops/dropout.py): HSTU's `Dropout(norm_attn(A V) * U)`,
+the dropout's mask applied in the same pass forward, and to the incoming gradient as the backward
+reads it (keeping the int16 words, not the [N, d] product).
 """
 from __future__ import annotations
 
@@ -26,3 +31,11 @@ def check_layer_norm_mul_args(x: Tensor, u: Tensor, weight: Tensor, bias: Tensor
 def layer_norm_mul_reference(x: Tensor, u: Tensor, weight: Tensor, bias: Tensor, eps: float) -> Tensor:
     """x, u [N, d] -> LayerNorm(x) * u [N, d] (two torch ops, autograd)."""
     return F.layer_norm(x, (x.shape[-1],), weight.to(x.dtype), bias.to(x.dtype), eps) * u
+
+
+def layer_norm_mul_dropout_reference(x: Tensor, u: Tensor, weight: Tensor, bias: Tensor, eps: float, words: Tensor,
+                                     threshold: int, scale: float) -> Tensor:
+    """x, u [N, d], words [N, d] int16 -> dropout_words(LayerNorm(x) * u) (torch ops, autograd)."""
+    from grlib.ops.dropout import dropout_words_reference
+
+    return dropout_words_reference(layer_norm_mul_reference(x, u, weight, bias, eps), words, threshold, scale)

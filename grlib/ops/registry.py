@@ -4,24 +4,31 @@ Implementations register a *loader* (a function returning the op) so that nothin
 imported, and no device probed, until an op is first used. `auto` takes the first implementation
 registered for the op in the device's preference order; a registered implementation that fails
 to load raises its own error (no silent fallback to a slower path).
+
+`preferring(impl)` puts one implementation first for `auto` within a block (every op that has it
+registered), e.g. preferring("reference") runs a model as plain PyTorch (bench train's
+torch.compile row); explicit implementation names are unaffected.
 """
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+import contextvars
+from collections.abc import Callable, Iterator
 
 import torch
 
-IMPLS = ("reference", "fbgemm", "cpu", "triton", "npu")
+IMPLS = ("reference", "fbgemm", "cpu", "triton", "npu", "loop", "loop_compile", "onednn")
 PREFERENCE = {
-    "cpu": ("cpu", "reference"),
+    "cpu": ("cpu", "onednn", "reference"),
     "cuda": ("triton", "fbgemm", "reference"),
     "npu": ("npu", "reference"),
 }
 
 # The device types each implementation runs on ("triton" on CPU only under TRITON_INTERPRET=1, for tests).
 RUNS_ON = {"reference": ("cpu", "cuda", "npu"), "fbgemm": ("cpu", "cuda"), "cpu": ("cpu",), "triton": ("cuda",),
-           "npu": ("npu",)}
+           "npu": ("npu",), "loop": ("cpu", "cuda", "npu"), "loop_compile": ("cpu", "cuda"), "onednn": ("cpu",)}
 
+_PREFERRED: contextvars.ContextVar[str | None] = contextvars.ContextVar("grlib_preferred_impl", default=None)
 _LOADERS: dict[str, dict[str, Callable[[], Callable]]] = {}
 _LOADED: dict[tuple[str, str], Callable] = {}
 
@@ -53,10 +60,25 @@ def choose(op: str, device: torch.device | str, impl: str = "auto") -> str:
                              f"registered: {', '.join(available)} (or 'auto')")
         return impl
     dev = torch.device(device).type
+    preferred = _PREFERRED.get()
+    if preferred in available and dev in RUNS_ON[preferred]:
+        return preferred
     for candidate in PREFERENCE.get(dev, ("reference",)):
         if candidate in available:
             return candidate
     raise ValueError(f"{op}: no implementation for device {dev!r}; registered: {', '.join(available)}")
+
+
+@contextlib.contextmanager
+def preferring(impl: str) -> Iterator[None]:
+    """Within: `auto` resolves to `impl` for every op that registers it (and runs on the device)."""
+    if impl not in IMPLS:
+        raise ValueError(f"unknown implementation {impl!r}; valid: {', '.join(IMPLS)}")
+    token = _PREFERRED.set(impl)
+    try:
+        yield
+    finally:
+        _PREFERRED.reset(token)
 
 
 def resolve(op: str, device: torch.device | str, impl: str = "auto") -> Callable:

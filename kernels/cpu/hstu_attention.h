@@ -75,10 +75,20 @@ void backward(const char* op, int64_t mode, const Args& a, double alpha, const a
 // n rows of a [T, H, D] tensor (row stride `stride`) -> dst [n, Dp] (times `scale`; of SiLU(x)
 // when `act`), zero padded: a contiguous copy per row, then SiLU and the scale in place (plain
 // loops over contiguous floats, which the compiler vectorises).
+// Rows PACK_AHEAD ahead are prefetched while a row is copied: the rows of a tile are strided
+// (H * D apart, or 4d in the fused uvqk op), and without it the copy waited on each row's cache
+// misses (a profile put 91% of pack_rows' samples on one store).
+constexpr int64_t PACK_AHEAD = 4;
+
 template <typename scalar_t, typename T>
 void pack_rows(const scalar_t* src, int64_t stride, int64_t n, int64_t D, int64_t Dp, T scale, T* dst,
                bool act = false) {
+  constexpr int64_t LINE = 64 / sizeof(scalar_t);  // elements per cache line
+  for (int64_t r = 0; r < std::min(n, PACK_AHEAD); ++r)
+    for (int64_t e = 0; e < D; e += LINE) __builtin_prefetch(src + r * stride + e, 0, 3);
   for (int64_t r = 0; r < n; ++r) {
+    if (r + PACK_AHEAD < n)
+      for (int64_t e = 0; e < D; e += LINE) __builtin_prefetch(src + (r + PACK_AHEAD) * stride + e, 0, 3);
     const scalar_t* s = src + r * stride;
     T* __restrict d = dst + r * Dp;
     for (int64_t e = 0; e < D; ++e) d[e] = static_cast<T>(s[e]);

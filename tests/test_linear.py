@@ -1,0 +1,95 @@
+"""grlib.ops.linear: the oneDNN implementation against torch's F.linear, forward and every gradient,
+on random shapes (empty and one-row inputs included), float32 and bfloat16; bad input names the
+parameter; FlopCounterMode counts its GEMMs."""
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+from torch.utils.flop_counter import FlopCounterMode
+
+from grlib import ops
+
+pytestmark = pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="torch was built without oneDNN")
+
+
+def _run(x, w, b, impl, dtype, rounded_to):
+    """Output and gradients in `dtype`, from inputs and output gradient rounded to `rounded_to` first
+    (the float64 answer is taken on the same rounded values)."""
+    cast = lambda t: t.to(rounded_to).to(dtype)  # noqa: E731
+    leaves = [cast(t).detach().requires_grad_(True) if t is not None else None for t in (x, w, b)]
+    y = ops.linear(*leaves, impl=impl)
+    y.backward(cast(torch.randn(y.shape, generator=torch.Generator().manual_seed(1))))
+    return [y.detach()] + [t.grad if t is not None else None for t in leaves]
+
+
+@given(lead=st.lists(st.sampled_from([0, 1, 3, 17, 64]), min_size=1, max_size=2), n_in=st.integers(1, 70),
+       n_out=st.integers(1, 70), bias=st.booleans(), dtype=st.sampled_from([torch.float32, torch.bfloat16]),
+       seed=st.integers(0, 2**31 - 1))
+def test_onednn_matches_reference(lead, n_in, n_out, bias, dtype, seed):
+    g = torch.Generator().manual_seed(seed)
+    x, w = torch.randn(*lead, n_in, generator=g), torch.randn(n_out, n_in, generator=g)
+    b = torch.randn(n_out, generator=g) if bias else None
+    exact = _run(x, w, b, "reference", torch.float64, dtype)
+    got = _run(x, w, b, "onednn", dtype, dtype)
+    # float32: a sum of n_in (or rows) products, rounded; bfloat16: inputs and output rounded to bf16
+    for name, a, e in zip(["y", "dx", "dw", "db"], got, exact):
+        assert (a is None) == (e is None), name
+        if a is None:
+            continue
+        assert a.dtype == dtype and a.shape == e.shape, name
+        scale = 1.0 + float(e.abs().max()) if e.numel() else 1.0
+        tol = dict(rtol=1e-4, atol=1e-5 * scale) if dtype == torch.float32 else dict(rtol=2e-2, atol=2e-2 * scale)
+        torch.testing.assert_close(a.to(torch.float64), e, **tol, msg=lambda m: f"{name}: {m}")
+
+
+def test_auto_is_onednn_on_cpu_and_the_model_uses_it():
+    from grlib.config import ModelConfig
+    from grlib.model import build_model
+
+    assert ops.choose("linear", "cpu") == "onednn"
+    model = build_model(ModelConfig(name="hstu", n_layers=1, n_heads=2, d_model=8), 30, 8)
+    layer = model.layers[0]
+    assert isinstance(layer.uvqk, torch.nn.Linear) and set(dict(layer.uvqk.named_parameters())) == {"weight", "bias"}
+    x = torch.randn(5, 8)
+    torch.testing.assert_close(layer.uvqk(x), torch.nn.functional.linear(x, layer.uvqk.weight, layer.uvqk.bias))
+
+
+def test_flop_counter_counts_the_onednn_gemms():
+    x, w = torch.randn(6, 4, requires_grad=True), torch.randn(5, 4, requires_grad=True)
+    with FlopCounterMode(display=False) as counter:
+        ops.linear(x, w, impl="onednn").sum().backward()
+    assert counter.get_total_flops() == 3 * 2 * 6 * 4 * 5  # forward, dx, dw
+
+
+def test_bad_input_names_the_parameter():
+    with pytest.raises(ValueError, match="agree on `in`"):
+        ops.linear(torch.randn(3, 4), torch.randn(5, 6))
+    with pytest.raises(ValueError, match=r"bias must be \[out=5\]"):
+        ops.linear(torch.randn(3, 4), torch.randn(5, 4), torch.randn(4))
+    with pytest.raises(TypeError, match="share one dtype"):
+        ops.linear(torch.randn(3, 4), torch.randn(5, 4, dtype=torch.float64))
+
+
+@given(m=st.integers(0, 40), n=st.integers(0, 40), k=st.integers(0, 40), transposed=st.booleans(),
+       seed=st.integers(0, 2**31 - 1))
+def test_matmul_nt_matches_reference_on_views(m, n, k, transposed, seed):
+    g = torch.Generator().manual_seed(seed)
+    a = torch.randn(k, m, generator=g).T if transposed else torch.randn(m, k, generator=g)  # a strided view or not
+    b = torch.randn(n, k, generator=g)
+    exact = a.double() @ b.double().T
+    got = ops.matmul_nt(a, b, impl="onednn")
+    assert got.shape == (m, n)
+    scale = 1.0 + (float(exact.abs().max()) if exact.numel() else 0.0)
+    torch.testing.assert_close(got.double(), exact, rtol=1e-4, atol=1e-5 * scale)
+
+
+def test_matmul_nt_refuses_autograd():
+    a = torch.randn(3, 4, requires_grad=True)
+    with pytest.raises(ValueError, match="no autograd"):
+        ops.matmul_nt(a, torch.randn(5, 4))
+    with torch.no_grad():
+        assert ops.matmul_nt(a, torch.randn(5, 4)).shape == (3, 5)
+    with pytest.raises(ValueError, match="agree on K"):
+        ops.matmul_nt(torch.randn(3, 4), torch.randn(5, 3))
