@@ -62,6 +62,7 @@ bench: $(KERNEL_STAMP)
 	$(PY) -m grlib bench kernels --scale laptop --record --json results/metrics/laptop/bench_kernels.json
 	$(PY) -m grlib bench balance --scale laptop --record --json results/metrics/laptop/bench_balance.json
 	$(PY) -m grlib bench a2a --scale laptop --record --json results/metrics/laptop/bench_a2a.json
+	$(PY) -m grlib bench pipeline --scale laptop --record --json results/metrics/laptop/bench_pipeline.json
 	$(PY) -m grlib bench negatives --scale laptop --record --seeds 0 1 2 --half-formats fp16 bf16 --train-steps 60 --eval-users 0 --timing-rounds 5 --json results/metrics/laptop/bench_negatives.json
 
 clean-venv:

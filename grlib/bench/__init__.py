@@ -23,6 +23,7 @@ BENCHES = {
     "load": "grlib.bench.load",
     "balance": "grlib.bench.balance",
     "a2a": "grlib.bench.a2a",
+    "pipeline": "grlib.bench.pipeline",
 }
 
 

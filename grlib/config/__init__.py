@@ -17,12 +17,12 @@ type or out of range raises ConfigError naming the field.
                 DistConfig (run options of data-parallel training, not a scale's section)
     loader      read_params, load_config, overrides (mappings, YAML / JSON text, -o KEY=VALUE)
     ablations   TrainAblation, KernelsAblation, NegativesAblation, BalanceAblation, SparseAblation,
-                load_ablation
+                SemiAsyncAblation, ScalingAblation, load_ablation
     arguments   --scale and -o for a command's parser, and the Config they give
 """
 from grlib.config import choices
-from grlib.config.ablations import (ABLATIONS, BalanceAblation, KernelsAblation, NegativesAblation, SemiAsyncAblation,
-                                    SparseAblation, TrainAblation, load_ablation)
+from grlib.config.ablations import (ABLATIONS, BalanceAblation, KernelsAblation, NegativesAblation, ScalingAblation,
+                                    SemiAsyncAblation, SparseAblation, TrainAblation, load_ablation)
 from grlib.config.arguments import add_config_arguments, config_from_args
 from grlib.config.fields import ConfigError
 from grlib.config.loader import as_mapping, default_scale, load_config, parse_overrides, read_params, scale_names
@@ -31,7 +31,7 @@ from grlib.config.sections import (SECTIONS, Config, DataConfig, DistConfig, Ker
 
 __all__ = [
     "ABLATIONS", "SECTIONS", "BalanceAblation", "Config", "ConfigError", "DataConfig", "DistConfig", "KernelsAblation",
-    "KernelsConfig", "ModelConfig", "NegativesAblation", "NegativesConfig", "SemiAsyncAblation", "SparseAblation",
+    "KernelsConfig", "ModelConfig", "NegativesAblation", "NegativesConfig", "ScalingAblation", "SemiAsyncAblation", "SparseAblation",
     "TrainAblation", "TrainConfig", "add_config_arguments", "as_mapping", "choices", "config_from_args",
     "default_scale", "load_ablation", "load_config", "parse_overrides", "read_params", "scale_names",
 ]

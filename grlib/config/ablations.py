@@ -251,8 +251,81 @@ class SemiAsyncAblation:
         check(all(k >= 0 for k in self.worst_staleness), f"{name}.worst_staleness", "values must be >= 0")
 
 
+@dataclass(frozen=True)
+class ScalingAblation:
+    """The grid of the pipeline and scaling experiment (notebooks/07_scaling, `bench pipeline`; claims C5, C7).
+
+    measured  2 gloo ranks train the scale's model (pair_batch_size sequences per global batch, max_len
+              pair_max_len, items pair_items, balance pair_balance): gloo all-to-all and all-reduce at
+              gloo_sizes (gloo_repeats), solo_steps steps of each rank alone, then each of `schedules`
+              (semisync with `staleness`) for warm_steps + pair_steps steps, and solo_steps of rank 0 alone
+              and of both at once, `rounds` times interleaved (each batch's median round counts); one
+              HSTU layer calibrated at calibration_points lengths
+    model     grlib.sim.pipeline at `ranks` of `preset` (grlib.sim.alltoall.PRESETS) with `device`
+              (grlib.sim.scaleout.DEVICES), users_per_rank users of KuaiRand-27K lengths per `regimes`
+              at the paper preset, sim_steps global batches, value_bytes per row / gradient value
+    mfu       one paper-preset layer on mfu_threads threads over mfu_sequences sequences (mfu_regime
+              lengths at min(mfu_max_len, the preset's max_len)), mfu_repeats timed runs
+    """
+
+    schedules: list[str] = field(default_factory=lambda: ["sync", "prefetch", "semisync"])
+    staleness: int = 1
+    pair_batch_size: int = 32
+    pair_max_len: int = 1024
+    pair_items: str = "hierarchical"
+    pair_balance: str = "kk"
+    pair_steps: int = 6
+    warm_steps: int = 2
+    rounds: int = 5
+    solo_steps: int = 8
+    gloo_sizes: list[int] = field(default_factory=lambda: [2**k for k in range(10, 23, 2)])  # 1 KiB .. 4 MiB
+    gloo_repeats: int = 9
+    calibration_points: int = 7
+    calibration_repeats: int = 3
+    gantt_steps: int = 3
+    ranks: list[int] = field(default_factory=lambda: [8, 64, 512, 1536])
+    users_per_rank: int = 32
+    regimes: list[str] = field(default_factory=lambda: ["truncated", "scaled"])
+    sim_steps: int = 5
+    preset: str = "gpu-8"
+    device: str = "h100-bf16"
+    value_bytes: int = 4
+    mfu_sequences: int = 4
+    mfu_max_len: int = 4096
+    mfu_regime: str = "scaled"
+    mfu_threads: int = 2
+    mfu_repeats: int = 1
+
+    def __post_init__(self) -> None:
+        name = "ablations.scaling"
+        check(len(self.schedules) >= 1 and len(set(self.schedules)) == len(self.schedules), f"{name}.schedules",
+              f"needs distinct schedules, got {self.schedules}")
+        for s in self.schedules:
+            one_of(s, choices.SCHEDULES, f"{name}.schedules")
+        check(self.pair_items in ("flat", "hierarchical"), f"{name}.pair_items",
+              f"must be a sharded table ('flat' or 'hierarchical'), got {self.pair_items!r}")
+        one_of(self.pair_balance, choices.BALANCERS, f"{name}.pair_balance")
+        check(self.pair_batch_size >= 2 and self.pair_batch_size % 2 == 0, f"{name}.pair_batch_size",
+              f"must be even and >= 2 (two ranks of equal shares), got {self.pair_batch_size}")
+        check(self.warm_steps >= 1, f"{name}.warm_steps", f"must be >= 1 (the model's first step), got {self.warm_steps}")
+        check(self.calibration_points >= 3, f"{name}.calibration_points", "needs >= 3 lengths (a quadratic)")
+        check(len(set(self.gloo_sizes)) >= 2 and min(self.gloo_sizes) >= 1, f"{name}.gloo_sizes",
+              f"needs >= 2 distinct sizes >= 1 byte (alpha and beta are fitted), got {self.gloo_sizes}")
+        check(len(self.ranks) >= 1 and min(self.ranks) >= 2, f"{name}.ranks", f"needs values >= 2, got {self.ranks}")
+        for r in self.regimes:
+            one_of(r, choices.REGIMES, f"{name}.regimes")
+        one_of(self.mfu_regime, choices.REGIMES, f"{name}.mfu_regime")
+        check(len(self.regimes) >= 1, f"{name}.regimes", "needs at least one regime")
+        for f in ("staleness", "pair_max_len", "pair_steps", "rounds", "solo_steps", "gloo_repeats",
+                  "calibration_repeats", "gantt_steps", "users_per_rank", "sim_steps", "value_bytes", "mfu_sequences",
+                  "mfu_max_len", "mfu_threads", "mfu_repeats"):
+            check(getattr(self, f) >= 1, f"{name}.{f}", f"must be >= 1, got {getattr(self, f)}")
+        check(self.solo_steps >= 2, f"{name}.solo_steps", "needs >= 2 steps per rank (>= 3 fitted in all)")
+
+
 ABLATIONS: dict[str, type] = {"train": TrainAblation, "kernels": KernelsAblation, "negatives": NegativesAblation,
-                              "balance": BalanceAblation, "sparse": SparseAblation, "semi_async": SemiAsyncAblation}
+                              "balance": BalanceAblation, "sparse": SparseAblation, "semi_async": SemiAsyncAblation,
+                              "scaling": ScalingAblation}
 
 
 def load_ablation(name: str, overrides: dict[str, Any] | str | None = None,

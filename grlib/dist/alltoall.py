@@ -29,6 +29,7 @@ all_gather_single, subgroups), so gloo, nccl and hccl run the same code.
 from __future__ import annotations
 
 import dataclasses
+import threading
 import time
 
 from dataclasses import asdict, dataclass, fields
@@ -56,9 +57,23 @@ class LinkCounters:
     calls: int = 0
     seconds: float = 0.0  # wall time inside this rank's all_to_all_single calls (waiting + transfer)
 
+    def __post_init__(self) -> None:
+        self._by_thread: dict[int, float] = {}  # `seconds` split by calling thread (not a field: not in rows)
+
+    def add_seconds(self, s: float) -> None:
+        self.seconds += s
+        key = threading.get_ident()
+        self._by_thread[key] = self._by_thread.get(key, 0.0) + s
+
+    def seconds_on_this_thread(self) -> float:
+        """The part of `seconds` spent in calls made by the calling thread (a prefetch worker's
+        all-to-alls overlap the step on another thread and are not the step's waiting)."""
+        return self._by_thread.get(threading.get_ident(), 0.0)
+
     def reset(self) -> None:
         for f in fields(self):
             setattr(self, f.name, 0)
+        self._by_thread = {}
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -110,7 +125,7 @@ def _run_hop(x: Tensor, hop: _Hop, counters: LinkCounters | None) -> Tensor:
     start = time.perf_counter()
     dist.all_to_all_single(out, x.contiguous(), list(hop.recv), list(hop.send), group=hop.group)
     if counters is not None:
-        counters.seconds += time.perf_counter() - start
+        counters.add_seconds(time.perf_counter() - start)
     return out
 
 

@@ -185,7 +185,7 @@ class Schedule:
             self.tables[0].prepare(ids, route.rebind(self.side, self.tables[0].runtime))
 
     def _comm_seconds(self) -> float:
-        return sum(t.counters.seconds for t in self.tables)
+        return sum(t.counters.seconds_on_this_thread() for t in self.tables)  # not the worker's route builds
 
     # --- staleness ----------------------------------------------------------------------------
     def _updated_rows(self) -> torch.Tensor:

@@ -220,8 +220,20 @@ def _semi_async(scale: str) -> list[Found]:
             for r in semi_async_stage.acceptance(run).iter_rows(named=True)]
 
 
+def _scaling(scale: str) -> list[Found]:
+    run = _latest_run("scaling", scale)
+    if run.height == 0:
+        return []
+    from grlib.experiments import scaling_stage
+
+    note = _run_note(run, "scaling")
+    return [Found(r["target"], r["check"], Figure.of(r["value"], registry.target(r["target"]).unit).short(),
+                  note, r["met"]) for r in scaling_stage.acceptance(run).iter_rows(named=True)]
+
+
 READERS: dict[str, Callable[[str], list[Found]]] = {
     "balance": _balance, "semi_async": _semi_async, "kernels": _kernels, "negatives": _negatives, "sparse": _sparse, "train": _quality,
+    "scaling": _scaling,
     "bench_train": _mfu}
 
 
