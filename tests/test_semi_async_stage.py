@@ -16,6 +16,10 @@ def test_the_grid_refuses_bad_values():
         load_ablation("semi_async", {"max_steps": [10]})
     with pytest.raises(ConfigError, match="items"):
         load_ablation("semi_async", {"items": "replicated"})
+    with pytest.raises(ConfigError, match=r"ablations.semi_async.overrides.ml-100k: .*no_such_key"):
+        load_ablation("semi_async", {"overrides": {"ml-100k": {"model.no_such_key": 1}}})
+    with pytest.raises(ConfigError, match="not a dataset"):
+        load_ablation("semi_async", {"overrides": {"ml-1b": {"model.d_model": 64}}})
 
 
 def test_runs_cover_the_grid_and_the_worst_case():
@@ -26,6 +30,11 @@ def test_runs_cover_the_grid_and_the_worst_case():
     worst = [r for r in runs if r["case"] == "worst"]
     assert [r["k"] for r in worst] == ab.worst_staleness
     assert all(r["overrides"] == {"data.n_items": ab.worst_items, "train.lr": ab.worst_lr} for r in worst)
+    # each dataset trains with the train stage's own settings (params.yaml: one anchor for both)
+    train = load_ablation("train")
+    for r in grid:
+        assert r["overrides"] == train.dataset_overrides(r["dataset"])
+    assert any(r["overrides"] for r in grid), "params.yaml gives ML-100K its train-stage settings"
 
 
 def _final(dataset: str, k: int, values: list[float]) -> list[dict]:

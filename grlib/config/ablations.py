@@ -39,19 +39,23 @@ class TrainAblation:
         check(not self.max_steps or len(self.max_steps) == len(self.datasets), "ablations.train.max_steps",
               f"needs one entry per dataset ({len(self.datasets)}), got {len(self.max_steps)}")
         check(all(n >= 0 for n in self.max_steps), "ablations.train.max_steps", f"must be >= 0, got {self.max_steps}")
-        for ds, o in self.overrides.items():
-            name = f"ablations.train.overrides.{ds}"
-            check(ds == "scale" or ds in choices.DATASETS, "ablations.train.overrides",
-                  f"{ds!r} is not a dataset: one of {('scale', *choices.DATASETS)}")
-            check(isinstance(o, dict), name, f"expected a mapping such as {{negatives.temperature: 0.2}}, got {o!r}")
-            try:
-                with_sections(Config("check"), nest(o))
-            except ConfigError as err:
-                raise ConfigError(f"{name}: {err}") from None
+        check_dataset_overrides(self.overrides, "ablations.train.overrides")
 
     def dataset_overrides(self, dataset: str) -> dict[str, Any]:
         """The config overrides of `dataset` (as named in `datasets`; empty when it has none)."""
         return dict(self.overrides.get(dataset) or {})
+
+
+def check_dataset_overrides(overrides: dict[str, Any], name: str) -> None:
+    """Per-dataset config overrides ({dataset: {key: value}}): known datasets, known keys, valid values."""
+    for ds, o in overrides.items():
+        check(ds == "scale" or ds in choices.DATASETS, name,
+              f"{ds!r} is not a dataset: one of {('scale', *choices.DATASETS)}")
+        check(isinstance(o, dict), f"{name}.{ds}", f"expected a mapping such as {{negatives.temperature: 0.2}}, got {o!r}")
+        try:
+            with_sections(Config("check"), nest(o))
+        except ConfigError as err:
+            raise ConfigError(f"{name}.{ds}: {err}") from None
 
 
 @dataclass(frozen=True)
@@ -231,9 +235,13 @@ class SemiAsyncAblation:
     worst_lr: float = 0.01
     worst_staleness: list[int] = field(default_factory=lambda: [0, 4, 16])
     worst_steps: int = 40
+    # per dataset, config overrides on top of the scale's (as ablations.train.overrides: params.yaml
+    # gives ML-100K the train stage's settings), so each dataset trains as in the train stage
+    overrides: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         name = "ablations.semi_async"
+        check_dataset_overrides(self.overrides, f"{name}.overrides")
         check(0 in self.staleness and all(k >= 0 for k in self.staleness), f"{name}.staleness",
               f"needs 0 (sync, the baseline) and values >= 0, got {self.staleness}")
         check(len(self.seeds) >= 1, f"{name}.seeds", "needs at least one seed")

@@ -18,6 +18,7 @@ seed-std of sync's, or within 1% relative; larger k reported as they come.
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 
 import altair as alt
@@ -38,8 +39,10 @@ def quick(ab: SemiAsyncAblation) -> SemiAsyncAblation:
 
 
 def runs(ab: SemiAsyncAblation) -> list[dict]:
-    """Every run of the grid: dataset, step cap, k, seed, overrides, and whether it is the worst case."""
-    out = [{"dataset": d, "max_steps": cap, "k": k, "seed": s, "overrides": {}, "case": "grid"}
+    """Every run of the grid: dataset, step cap, k, seed, overrides (the dataset's, or the worst case's),
+    and whether it is the worst case."""
+    out = [{"dataset": d, "max_steps": cap, "k": k, "seed": s, "overrides": dict(ab.overrides.get(d) or {}),
+            "case": "grid"}
            for d, cap in zip(ab.datasets, ab.max_steps) for k in ab.staleness for s in ab.seeds]
     worst = {"data.n_items": ab.worst_items, "train.lr": ab.worst_lr}
     out += [{"dataset": "scale", "max_steps": ab.worst_steps, "k": k, "seed": s, "overrides": worst, "case": "worst"}
@@ -66,7 +69,7 @@ def grid_rank(runtime, cfg: Config, ab: SemiAsyncAblation) -> list[dict]:
                               items=ab.items, schedule="semisync", staleness=run["k"])
         fit = fit_and_evaluate(run_cfg, ds, None, runtime=runtime, dist_cfg=dist_cfg)
         key = {"dataset": ds.name, "case": run["case"], "k": run["k"], "seed": run["seed"],
-               "lr": run_cfg.train.lr, "n_items": ds.data.n_items}
+               "lr": run_cfg.train.lr, "n_items": ds.data.n_items, "overrides": json.dumps(run["overrides"], sort_keys=True)}
         rows.append({"part": "final", **key, **{k: v for k, v in fit.row.items()
                                                  if k.startswith(("test_", "val_")) or k in ("steps", "best_epoch")},
                      "stale_fraction": _mean([c.get("stale_fraction") for c in fit.curve])})
