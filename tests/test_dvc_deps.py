@@ -225,3 +225,13 @@ def test_the_import_rules():
     assert {"grlib", "grlib.ops", "grlib.bench", "grlib.model"} <= found  # packages run on the way
     assert not {m for m in found if "nothing" in m or " " in m}
     assert any(folder.startswith("kernels/") for folder in EXTENSIONS["grlib._C"])
+
+
+def test_report_depends_on_every_table_it_reads():
+    """The report reads the newest run of each table of report.READERS: each is a dep of its stage,
+    so that `dvc repro` runs the report after every stage (and `bench train --record`) it summarises."""
+    from grlib.experiments.report import READERS
+
+    deps = set(_deps(DVC["report"]))
+    missing = [name for name in READERS if f"results/tables/{name}/scale=${{scale}}" not in deps]
+    assert not missing, f"dvc.yaml stage 'report' lacks the tables it reads: {missing}"
