@@ -39,6 +39,23 @@ def _run(args: list[str], cwd: Path, env: dict) -> subprocess.CompletedProcess:
     return proc
 
 
+def _quick_grids(ablations: dict) -> dict:
+    """The stages that DVC runs with `-p quick false` get their notebook's quick grid in the copy's
+    params.yaml: this test checks the pipeline (every stage runs, writes its outputs, reruns only
+    what a parameter change touches), not the grids, which their own tests and notebooks run."""
+    import dataclasses
+
+    from grlib.config import load_ablation
+    from grlib.experiments import balance_stage, negatives_stage, scaling_stage, semi_async_stage, sparse_stage
+
+    out = {}
+    for name, stage in (("balance", balance_stage), ("sparse", sparse_stage), ("semi_async", semi_async_stage),
+                        ("scaling", scaling_stage), ("negatives", negatives_stage)):
+        grid = dataclasses.asdict(stage.quick(load_ablation(name)))
+        out[name] = {k: v for k, v in grid.items() if k in ablations[name]}  # params.yaml's keys only
+    return out
+
+
 @pytest.mark.slow
 def test_dvc_repro_smoke_in_a_copy(tmp_path):
     repo = tmp_path / "repo"
@@ -46,6 +63,7 @@ def test_dvc_repro_smoke_in_a_copy(tmp_path):
     _copy_repo(repo)
     params = yaml.safe_load((repo / "params.yaml").read_text())
     params["scale"] = "smoke"
+    params["ablations"].update(_quick_grids(params["ablations"]))
     (repo / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
     env = {k: v for k, v in os.environ.items() if not k.startswith("GRLIB_")}
     env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
