@@ -38,12 +38,15 @@ def test_laptop_ml100k_trains_a_full_softmax_and_the_twin_a_sampled_one():
     assert not by_name["scale"].negatives.full_softmax(cfg.data.n_items + 2)
     assert by_name["ml-100k"].negatives.full_softmax(1682 + 2)
     assert by_name["scale"] == cfg  # the twin's settings are the scale's
-    # the step budget each dataset really gets (the tighter of the scale's cap and the grid's): the
-    # scale caps laptop runs at 240, so ML-100K's 400 holds only because its overrides raise that cap
+    # the step budget each dataset really gets (the tighter of the scale's cap and the grid's): 400 for
+    # ML-100K at laptop scale, while the smoke scale's cap keeps every run at a few steps
     budgets = {name: train_stage.step_budget(by_name[name].train.max_steps, cap)
                for name, cap in zip(ab.datasets, ab.max_steps, strict=True)}
     assert budgets == {"scale": 40, "ml-100k": 400}
     assert by_name["ml-100k"].train.epochs * 15 >= 400  # 943 users / batch 64: 15 steps per epoch
+    smoke = load_config("smoke")
+    assert all(train_stage.step_budget(smoke.replace(ab.dataset_overrides(name)).train.max_steps, cap) <= 3
+               for name, cap in zip(ab.datasets, ab.max_steps, strict=True))
 
 
 def test_run_applies_and_records_each_datasets_overrides(isolated_outputs):
