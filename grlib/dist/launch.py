@@ -216,12 +216,10 @@ def _child(fn: Callable[..., Any], args: tuple, kwargs: dict, env: dict[str, str
     threading.Thread(target=_exit_with_parent, args=(parent_pid,), daemon=True).start()
     try:
         runtime = init_runtime(backend=backend, timeout_s=timeout_s)
-        try:
-            value = fn(runtime, *args, **kwargs)
-            # plain pickle, not multiprocessing's: its tensor reduction shares memory that dies with this process
-            conn.send_bytes(pickle.dumps(("ok", value)))
-        finally:
-            runtime.close()
+        value = fn(runtime, *args, **kwargs)
+        runtime.close()  # a normal end: after every rank's last collective (an error skips it: os._exit below)
+        # plain pickle, not multiprocessing's: its tensor reduction shares memory that dies with this process
+        conn.send_bytes(pickle.dumps(("ok", value)))
     except BaseException:  # noqa: BLE001  (reported to the parent, then this rank exits 1)
         try:
             conn.send_bytes(pickle.dumps(("error", traceback.format_exc())))

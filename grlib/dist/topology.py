@@ -180,9 +180,14 @@ class Runtime:
         else:
             dist.barrier(group=self.world_group)
 
-    def close(self) -> None:
-        """Destroy the process group and its subgroups (idempotent)."""
+    def close(self, barrier: bool = True) -> None:
+        """Destroy the process group and its subgroups (idempotent). With `barrier` (a normal end),
+        every rank first passes its last collective: gloo ranks that tore their pairs down while a
+        peer still used them aborted at exit ("terminate called without an active exception"); after
+        an error no barrier is waited for (a failed peer would never reach it)."""
         if self._open and self.world_group is not None and is_distributed():
+            if barrier:
+                dist.barrier()
             dist.destroy_process_group()
         self._open = False
 
@@ -190,7 +195,7 @@ class Runtime:
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self.close()
+        self.close(barrier=exc[0] is None)
 
 
 def _resolve_backend(backend: str, local_rank: int) -> tuple[str, torch.device]:
