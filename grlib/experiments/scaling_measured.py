@@ -13,7 +13,8 @@ the scale's model, their per-step spans, and the exact work of each step they tr
                     de-duplicated per rank), and the planning seconds
 
 Every step's row also carries rq_wait_s and cpu_s: the seconds its main thread waited for a core
-(other jobs' share of the shared cores) and ran on one (Linux schedstat; grlib.experiments.scaling_frames).
+(other jobs' share of the shared cores; Linux schedstat) and ran on one (the thread's CPU clock;
+grlib.experiments.scaling_frames).
 """
 from __future__ import annotations
 
@@ -54,11 +55,13 @@ def dist_config(spec: PairSpec, world: int, schedule: str, staleness: int) -> Di
 
 
 def schedstat() -> tuple[float, float]:
-    """(seconds on a core, seconds waiting for one) of this thread since it started (Linux schedstat:
-    running; runnable but not running)."""
+    """(seconds on a core, seconds waiting for one) of this thread since it started. On a core:
+    CLOCK_THREAD_CPUTIME_ID (time.thread_time, which counts up to now; schedstat's own run field is
+    updated only at scheduler ticks and switches, so a step of a few ms can read 0); waiting: Linux
+    schedstat's runnable-but-not-running field (it grows when the thread gets a core back)."""
     try:
-        run, wait = SCHEDSTAT.read_text().split()[:2]
-        return int(run) / 1e9, int(wait) / 1e9
+        wait = SCHEDSTAT.read_text().split()[1]
+        return time.thread_time(), int(wait) / 1e9
     except FileNotFoundError:
         raise RuntimeError(f"the scaling stage reads {SCHEDSTAT} (Linux: the time a thread waited for a core) to "
                            f"tell other jobs' share of the cores from the steps' own time; this system has none") from None
