@@ -53,3 +53,32 @@ def real_data() -> Path:
         pytest.skip("real data slices not found (expected shared/data/real beside the checkout, "
                     "or GRLIB_REAL_DATA): a user's clone does not ship them")
     return base
+
+
+def _dp_smoke(steps: int = 20):
+    """The smoke config the data-parallel tests train: `steps` steps of 32 sequences, up to 5 epochs."""
+    from grlib.config import load_config
+
+    return load_config("smoke", {"train.max_steps": steps, "train.epochs": 5, "train.batch_size": 32})
+
+
+@pytest.fixture(scope="session")
+def dp_smoke():
+    return _dp_smoke
+
+
+@pytest.fixture(scope="session")
+def single_run():
+    """One process, one thread, _dp_smoke(20): the losses and metrics that ranks must reproduce."""
+    import torch
+
+    from grlib.data.catalog import load_dataset
+    from grlib.experiments.train_stage import fit_and_evaluate
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        cfg = _dp_smoke()
+        return fit_and_evaluate(cfg, load_dataset(cfg, "scale"), None)
+    finally:
+        torch.set_num_threads(threads)

@@ -27,23 +27,27 @@ def rows(draw):
     return x, u, torch.randn(d, generator=g), torch.randn(d, generator=g), draw(st.sampled_from([1e-5, 1e-2]))
 
 
-def _run(x, u, w, b, eps, impl, dtype=None):
+def _run(x, u, w, b, eps, impl, dtype=None, dropout=None):
+    """Outputs and gradients [y, dx, du, dweight, dbias] of layer_norm_mul, or of layer_norm_mul_dropout
+    with dropout = (words, threshold, scale)."""
     cast = (lambda t: t.to(dtype)) if dtype else (lambda t: t)
     leaves = [cast(t).detach().requires_grad_(True) for t in (x, u, w, b)]
-    y = ops.layer_norm_mul(*leaves, eps=eps, impl=impl)
+    if dropout is None:
+        y = ops.layer_norm_mul(*leaves, eps=eps, impl=impl)
+    else:
+        y = ops.layer_norm_mul_dropout(*leaves, *dropout, eps=eps, impl=impl)
     grad = torch.randn(y.shape, generator=torch.Generator().manual_seed(1)).to(y.dtype)
     y.backward(grad)
     return [y.detach()] + [t.grad for t in leaves]
 
 
-@given(case=rows())
-def test_layer_norm_mul_matches_reference(case):
-    """As accurate as torch's own LayerNorm * u in the same dtype: error against the float64 answer
-    at most twice the reference's, plus a few ulps of the largest value."""
+def _assert_as_accurate_as_reference(case, dropout=None):
+    """The kernel's error against the float64 answer at most twice the same-dtype reference's, plus a
+    few ulps of the largest value; returns the kernel's [y, dx, du, dweight, dbias]."""
     x, u, w, b, eps = case
-    exact = _run(x, u, w, b, eps, "reference", torch.float64)
-    same = _run(x, u, w, b, eps, "reference")
-    got = _run(x, u, w, b, eps, "cpu")
+    exact = _run(x, u, w, b, eps, "reference", torch.float64, dropout)
+    same = _run(x, u, w, b, eps, "reference", dropout=dropout)
+    got = _run(x, u, w, b, eps, "cpu", dropout=dropout)
     ulp = torch.finfo(x.dtype).eps
     for name, a, r, e in zip(["y", "dx", "du", "dweight", "dbias"], got, same, exact):
         assert a.dtype == r.dtype, (name, a.dtype, r.dtype)
@@ -52,6 +56,14 @@ def test_layer_norm_mul_matches_reference(case):
         err, ref_err = (a.double() - e).abs().max(), (r.double() - e).abs().max()
         slack = 4 * ulp * (1 + float(e.abs().max()))
         assert err <= 2 * ref_err + slack, f"{name}: error {err:.3g} vs reference {ref_err:.3g} (+{slack:.3g})"
+    return got
+
+
+@given(case=rows())
+def test_layer_norm_mul_matches_reference(case):
+    """As accurate as torch's own LayerNorm * u in the same dtype: error against the float64 answer
+    at most twice the reference's, plus a few ulps of the largest value."""
+    _assert_as_accurate_as_reference(case)
 
 
 def test_leading_dims_are_flattened_and_restored():
@@ -86,34 +98,14 @@ def test_bad_input_gets_a_clear_error(impl, args, error, message):
         ops.layer_norm_mul(*args, impl=impl)
 
 
-def _run_dropout(x, u, w, b, eps, words, threshold, scale, impl, dtype=None):
-    cast = (lambda t: t.to(dtype)) if dtype else (lambda t: t)
-    leaves = [cast(t).detach().requires_grad_(True) for t in (x, u, w, b)]
-    y = ops.layer_norm_mul_dropout(*leaves, words, threshold, scale, eps=eps, impl=impl)
-    grad = torch.randn(y.shape, generator=torch.Generator().manual_seed(1)).to(y.dtype)
-    y.backward(grad)
-    return [y.detach()] + [t.grad for t in leaves]
-
-
 @given(case=rows(), threshold=st.sampled_from([-32768, -20000, 0, 13107, 32767, 32768]), seed=st.integers(0, 99))
 def test_layer_norm_mul_dropout_matches_reference(case, threshold, seed):
     """LayerNorm * u * dropout in one pass: as accurate as the two-op reference in the same dtype (the
     same bound as layer_norm_mul's), every mask from keep-all (-32768) to drop-all (32768)."""
-    x, u, w, b, eps = case
-    words = torch.randint(-32768, 32768, x.shape, dtype=torch.int16, generator=torch.Generator().manual_seed(seed))
+    words = torch.randint(-32768, 32768, case[0].shape, dtype=torch.int16,
+                          generator=torch.Generator().manual_seed(seed))
     scale = 65536 / (65536 - (threshold + 32768)) if threshold < 32768 else 0.0
-    args = (words, threshold, scale)
-    exact = _run_dropout(x, u, w, b, eps, *args, "reference", torch.float64)
-    same = _run_dropout(x, u, w, b, eps, *args, "reference")
-    got = _run_dropout(x, u, w, b, eps, *args, "cpu")
-    ulp = torch.finfo(x.dtype).eps
-    for name, a, r, e in zip(["y", "dx", "du", "dweight", "dbias"], got, same, exact):
-        assert a.dtype == r.dtype, (name, a.dtype, r.dtype)
-        if not e.numel():
-            continue
-        err, ref_err = (a.double() - e).abs().max(), (r.double() - e).abs().max()
-        slack = 4 * ulp * (1 + float(e.abs().max()))
-        assert err <= 2 * ref_err + slack, f"{name}: error {err:.3g} vs reference {ref_err:.3g} (+{slack:.3g})"
+    got = _assert_as_accurate_as_reference(case, (words, threshold, scale))
     dropped = words.to(torch.int32) < threshold
     assert (got[0][dropped] == 0).all() and (got[2][dropped] == 0).all()  # dropped: no output, no du
 

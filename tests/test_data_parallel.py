@@ -14,7 +14,7 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from grlib.config import DistConfig, NegativesConfig, load_config
+from grlib.config import DistConfig, NegativesConfig
 from grlib.dist.data_parallel import Planner, RankMismatch, check_same_batch
 from grlib.dist.launch import RankFailed, launch
 from grlib.jagged import JaggedBatch
@@ -76,30 +76,11 @@ def test_dropout_under_global_rows_draws_the_global_masks(lengths, world):
         assert torch.equal(torch.get_rng_state(), after)  # the generator moves as on one process
 
 
-def _smoke(steps: int = 20):
-    return load_config("smoke", {"train.max_steps": steps, "train.epochs": 5, "train.batch_size": 32})
-
-
-@pytest.fixture(scope="module")
-def single_run(tmp_path_factory):
-    """One process, one thread: the reference losses and metrics."""
-    from grlib.data.catalog import load_dataset
-    from grlib.experiments.train_stage import fit_and_evaluate
-
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        cfg = _smoke()
-        return fit_and_evaluate(cfg, load_dataset(cfg, "scale"), None)
-    finally:
-        torch.set_num_threads(threads)
-
-
 @pytest.mark.parametrize("balance", ["none", "kk"])
-def test_two_ranks_train_what_one_process_trains(single_run, balance):
+def test_two_ranks_train_what_one_process_trains(single_run, balance, dp_smoke):
     from grlib.experiments.train_stage import fit_rank
 
-    got = launch(fit_rank, 2, args=(_smoke(), "scale", DistConfig(world=2, balance=balance), None, 0, False))
+    got = launch(fit_rank, 2, args=(dp_smoke(), "scale", DistConfig(world=2, balance=balance), None, 0, False))
     assert got[0]["losses"] == got[1]["losses"]  # every rank reports the global loss
     losses = got[0]["losses"]
     assert len(losses) == len(single_run.losses) == 20
@@ -110,14 +91,14 @@ def test_two_ranks_train_what_one_process_trains(single_run, balance):
     assert 0.0 < got[0]["row"]["allreduce_fraction"] < 1.0
 
 
-def test_per_rank_checkpoints_resume_exactly(single_run, tmp_path):
+def test_per_rank_checkpoints_resume_exactly(single_run, tmp_path, dp_smoke):
     from grlib.experiments.train_stage import fit_rank
 
     ckpt = str(tmp_path / "ckpt")
     dist_cfg = DistConfig(world=2, balance="lpt")
-    launch(fit_rank, 2, args=(_smoke(8), "scale", dist_cfg, ckpt, 4, False))
+    launch(fit_rank, 2, args=(dp_smoke(8), "scale", dist_cfg, ckpt, 4, False))
     assert sorted(p.name for p in (tmp_path / "ckpt").iterdir()) == ["last.rank0-of-2.pt", "last.rank1-of-2.pt"]
-    got = launch(fit_rank, 2, args=(_smoke(20), "scale", dist_cfg, ckpt, 4, False))
+    got = launch(fit_rank, 2, args=(dp_smoke(20), "scale", dist_cfg, ckpt, 4, False))
     assert got[0]["row"]["resumed_from"] == 8
     assert np.max(np.abs(np.subtract(got[0]["losses"], single_run.losses))) <= LOSS_TOL
 

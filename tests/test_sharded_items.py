@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from grlib.config import DistConfig, load_config
+from grlib.config import DistConfig
 from grlib.dist.launch import launch
 from grlib.dist.sharded_embedding import ShardedRows, gather_table, row_blocks, table_rows
 from grlib.evaluate import ranks_from_scores
@@ -107,31 +107,13 @@ def test_checkpoint_tables_move_between_world_sizes():
     assert torch.equal(gather_table(three), table) and [t.shape[0] for t in three] == [13, 13, 11]
 
 
-def _smoke(steps: int = 20):
-    return load_config("smoke", {"train.max_steps": steps, "train.epochs": 5, "train.batch_size": 32})
-
-
-@pytest.fixture(scope="module")
-def single_run():
-    from grlib.data.catalog import load_dataset
-    from grlib.experiments.train_stage import fit_and_evaluate
-
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        cfg = _smoke()
-        return fit_and_evaluate(cfg, load_dataset(cfg, "scale"), None)
-    finally:
-        torch.set_num_threads(threads)
-
-
 @pytest.mark.parametrize("items,dedup,nodes", [("flat", "rank", 1), ("hierarchical", "node", 2)])
-def test_training_with_sharded_items_equals_one_process(single_run, items, dedup, nodes):
+def test_training_with_sharded_items_equals_one_process(single_run, items, dedup, nodes, dp_smoke):
     from grlib.experiments.train_stage import fit_rank
 
     world = 2 * nodes
     cfg = DistConfig(world=world, nodes=nodes, balance="lpt", items=items, dedup=dedup)
-    got = launch(fit_rank, world, nodes=nodes, args=(_smoke(), "scale", cfg, None, 0, False))
+    got = launch(fit_rank, world, nodes=nodes, args=(dp_smoke(), "scale", cfg, None, 0, False))
     losses = got[0]["losses"]
     assert len(losses) == 20
     assert np.max(np.abs(np.subtract(losses, single_run.losses))) <= 1e-5
@@ -152,7 +134,7 @@ def _fit(cfg, ckpt: str | None, every: int = 0):
         torch.set_num_threads(threads)
 
 
-def test_sharded_checkpoints_resume_on_the_same_and_on_other_world_sizes(single_run, tmp_path):
+def test_sharded_checkpoints_resume_on_the_same_and_on_other_world_sizes(single_run, tmp_path, dp_smoke):
     """2 sharded ranks checkpoint at step 8 and resume to 20 (same world); their checkpoints resharded
     for one process resume there (2 -> 1); one process's checkpoint resharded for 2 ranks (1 -> 2).
     Every resumed run ends with the uninterrupted single-process losses and metrics."""
@@ -161,19 +143,19 @@ def test_sharded_checkpoints_resume_on_the_same_and_on_other_world_sizes(single_
 
     dist_cfg = DistConfig(world=2, balance="kk", items="flat")
     two, one, back = (str(tmp_path / n) for n in ("two", "one", "back"))
-    launch(fit_rank, 2, args=(_smoke(8), "scale", dist_cfg, two, 4, False))
+    launch(fit_rank, 2, args=(dp_smoke(8), "scale", dist_cfg, two, 4, False))
     assert [p.name for p in reshard(two, one, 1)] == ["last.pt"]  # 2 -> 1 at step 8
-    resumed = launch(fit_rank, 2, args=(_smoke(20), "scale", dist_cfg, two, 4, False))[0]  # same world
+    resumed = launch(fit_rank, 2, args=(dp_smoke(20), "scale", dist_cfg, two, 4, False))[0]  # same world
     assert resumed["row"]["resumed_from"] == 8
     assert np.max(np.abs(np.subtract(resumed["losses"], single_run.losses))) <= 1e-5
-    fit = _fit(_smoke(20), one)
+    fit = _fit(dp_smoke(20), one)
     assert fit.row["resumed_from"] == 8
     assert np.max(np.abs(np.subtract(fit.losses, single_run.losses))) <= 1e-5
     assert fit.row["test_ndcg@10"] == pytest.approx(single_run.row["test_ndcg@10"], abs=1e-6)
 
-    _fit(_smoke(8), str(tmp_path / "single"), every=4)  # 1 -> 2 at step 8
+    _fit(dp_smoke(8), str(tmp_path / "single"), every=4)  # 1 -> 2 at step 8
     reshard(tmp_path / "single", back, 2)
-    got = launch(fit_rank, 2, args=(_smoke(20), "scale", dist_cfg, back, 4, False))[0]
+    got = launch(fit_rank, 2, args=(dp_smoke(20), "scale", dist_cfg, back, 4, False))[0]
     assert got["row"]["resumed_from"] == 8
     assert np.max(np.abs(np.subtract(got["losses"], single_run.losses))) <= 1e-5
     assert got["row"]["test_ndcg@10"] == pytest.approx(single_run.row["test_ndcg@10"], abs=1e-6)

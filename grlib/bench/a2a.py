@@ -14,8 +14,8 @@ from __future__ import annotations
 import argparse
 
 from grlib import results
-from grlib.bench.common import print_table, positive_int
-from grlib.config import config_from_args, load_ablation
+from grlib.bench.common import ablation_from_args, print_table, positive_int
+from grlib.config import config_from_args
 from grlib.experiments import claims as registry
 from grlib.experiments import sparse_stage
 from grlib.experiments.claims import Figure
@@ -35,9 +35,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> list[dict]:
     cfg = config_from_args(args)
     names = ["presets", "ranks", "gloo_sizes", "gloo_repeats"]
-    ab = load_ablation("sparse", {n: getattr(args, n) for n in names if getattr(args, n) is not None})
-    if args.quick:
-        ab = sparse_stage.quick(ab)
+    ab = ablation_from_args("sparse", args, names, sparse_stage.quick)
     rows = sparse_stage.measure(cfg, ab, tuple(args.parts))
     table = results.append_rows(sparse_stage.TABLE, rows, cfg)
     notes = {"gloo": "measured here, gloo over loopback; error = model / measured - 1",

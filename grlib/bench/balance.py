@@ -13,8 +13,8 @@ from __future__ import annotations
 import argparse
 
 from grlib import results
-from grlib.bench.common import print_table
-from grlib.config import config_from_args, load_ablation
+from grlib.bench.common import ablation_from_args, print_table
+from grlib.config import config_from_args
 from grlib.experiments import balance_stage
 
 
@@ -33,9 +33,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> list[dict]:
     cfg = config_from_args(args)
     names = ["ranks", "users_per_rank", "max_lens", "methods", "sim_steps", "pair_steps"]
-    ab = load_ablation("balance", {n: getattr(args, n) for n in names if getattr(args, n) is not None})
-    if args.quick:
-        ab = balance_stage.quick(ab)
+    ab = ablation_from_args("balance", args, names, balance_stage.quick)
     rows, cost = balance_stage.measure(cfg, ab, tuple(args.parts))
     table = results.append_rows(balance_stage.TABLE, rows, cfg)
     fit = ", ".join(f"{k}={v:.4g}" for k, v in cost.params().items())

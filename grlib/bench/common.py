@@ -3,11 +3,13 @@ row records (grlib.threads); timing and KuaiRand-like lengths: grlib.experiments
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable, Sequence
 
 import polars as pl
 import torch
 
 from grlib import threads
+from grlib.config import load_ablation
 
 def print_table(rows: list[dict], title: str) -> pl.DataFrame:
     df = pl.DataFrame(rows)
@@ -36,3 +38,10 @@ def set_threads(n: int | None) -> None:
 def thread_columns() -> dict[str, str | int]:
     """{"wait_policy": ..., "threads": ...}: the OpenMP wait policy and torch threads a row was measured with."""
     return threads.policy()
+
+
+def ablation_from_args(name: str, args: argparse.Namespace, names: Sequence[str], quick: Callable):
+    """params.yaml's ablation `name` with the flags among `names` that were given (None: not given)
+    as overrides; with --quick, the stage's reduced grid `quick` of it."""
+    ab = load_ablation(name, {n: getattr(args, n) for n in names if getattr(args, n) is not None})
+    return quick(ab) if args.quick else ab

@@ -12,8 +12,8 @@ from __future__ import annotations
 import argparse
 
 from grlib import results
-from grlib.bench.common import print_table
-from grlib.config import config_from_args, load_ablation
+from grlib.bench.common import ablation_from_args, print_table
+from grlib.config import config_from_args
 from grlib.experiments import scaling_stage
 
 
@@ -28,9 +28,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> list[dict]:
     cfg = config_from_args(args)
     names = ["schedules", "ranks", "rounds", "pair_steps"]
-    ab = load_ablation("scaling", {n: getattr(args, n) for n in names if getattr(args, n) is not None})
-    if args.quick:
-        ab = scaling_stage.quick(ab)
+    ab = ablation_from_args("scaling", args, names, scaling_stage.quick)
     rows = scaling_stage.measure(cfg, ab)
     table = results.append_rows(scaling_stage.TABLE, rows, cfg)
     for part in scaling_stage.PARTS:

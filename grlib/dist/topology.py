@@ -21,7 +21,9 @@ import datetime
 import importlib
 import importlib.util
 import os
-from collections.abc import Mapping
+import statistics
+import time
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -179,6 +181,19 @@ class Runtime:
             dist.barrier(group=self.world_group, device_ids=[self.device.index])
         else:
             dist.barrier(group=self.world_group)
+
+    def timed(self, collective: Callable[[], object], repeats: int) -> float:
+        """Median wall seconds of `repeats` calls of `collective`, each started after a barrier (every
+        rank calls it the same number of times)."""
+        if repeats < 1:
+            raise ValueError(f"Runtime.timed: repeats must be >= 1, got {repeats}")
+        times = []
+        for _ in range(repeats):
+            self.barrier()
+            start = time.perf_counter()
+            collective()
+            times.append(time.perf_counter() - start)
+        return statistics.median(times)
 
     def close(self, barrier: bool = True) -> None:
         """Destroy the process group and its subgroups (idempotent). With `barrier` (a normal end),

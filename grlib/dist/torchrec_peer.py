@@ -32,8 +32,6 @@ module imports and available() says why.
 from __future__ import annotations
 
 import importlib
-import statistics
-import time
 from typing import Any
 
 import torch
@@ -210,10 +208,5 @@ def rowwise_lookup(runtime: Runtime, table: Tensor, ids: Tensor, *, lr: float = 
 
     with torch.no_grad():
         rows = lookup().clone()
-        times = []
-        for _ in range(repeats):
-            runtime.barrier()
-            start = time.perf_counter()
-            lookup()
-            times.append(time.perf_counter() - start)
-    return {"rows": rows, "shard_rows": shard_rows, "seconds": statistics.median(times)}
+        seconds = runtime.timed(lookup, repeats)
+    return {"rows": rows, "shard_rows": shard_rows, "seconds": seconds}

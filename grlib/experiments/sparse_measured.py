@@ -17,8 +17,6 @@ computes from the ids alone the inter-node traffic the counters must show.
 from __future__ import annotations
 
 import os
-import statistics
-import time
 import warnings
 
 import numpy as np
@@ -63,17 +61,6 @@ def rank_program(runtime: Runtime, tasks: dict) -> dict:
     return out
 
 
-def _timed(runtime: Runtime, lookup, repeats: int) -> float:
-    """Median seconds of `repeats` collective lookups, each started after a barrier."""
-    times = []
-    for _ in range(repeats):
-        runtime.barrier()
-        start = time.perf_counter()
-        lookup()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
-
-
 def counters(runtime: Runtime, ids: list[np.ndarray], n_items: int, d: int, seed: int, repeats: int) -> list[dict]:
     """This rank's ids through every VARIANT: what it sent per link class in the first lookup (ids out,
     rows back), whether the rows equal table[ids], median seconds of `repeats` more."""
@@ -86,7 +73,7 @@ def counters(runtime: Runtime, ids: list[np.ndarray], n_items: int, d: int, seed
         with torch.no_grad():
             rows = shard(mine)  # [N, d]
             counted = c.as_dict()
-            seconds = _timed(runtime, lambda: shard(mine), repeats)
+            seconds = runtime.timed(lambda: shard(mine), repeats)
         out.append({"mode": mode, "dedup_by": dedup, "ids": mine.numel(), "distinct_ids": int(mine.unique().numel()),
                     **counted, "rows_equal": bool(torch.equal(rows, table[mine])), "lookup_s": seconds})
     return out
@@ -106,7 +93,7 @@ def torchrec(runtime: Runtime, ids: list[np.ndarray], n_items: int, d: int, seed
     shard = ShardedRows(table, runtime, "flat", "none", padding_idx=None)
     with torch.no_grad():
         rows = shard(mine)  # [N, d]
-        seconds = _timed(runtime, lambda: shard(mine), repeats)
+        seconds = runtime.timed(lambda: shard(mine), repeats)
     return {"ids": mine.numel(), "rows_equal": bool(torch.equal(peer["rows"], rows)),
             "rows_equal_table": bool(torch.equal(rows, table[mine])),
             "same_shard": tuple(peer["shard_rows"]) == (shard.start, shard.stop),
