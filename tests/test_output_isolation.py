@@ -1,25 +1,19 @@
 """Outputs are separated by what produced them (issue 12): concurrent appends never lose a row,
 ad-hoc runs stay out of the committed tables, every output of a scale lives under that scale, files
-follow the umask, and running every notebook at smoke in a copy of the project leaves the laptop
-outputs byte-identical, `dvc status` unchanged and `git status` clean."""
+follow the umask (that a smoke `dvc repro` leaves the laptop outputs, `dvc status` and `git status`
+as they were: tests/test_pipeline.py)."""
 from __future__ import annotations
 
-import hashlib
-import json
 import multiprocessing
 import os
-import shutil
 import stat
-import subprocess
-import sys
 from pathlib import Path
 
 import altair as alt
 import polars as pl
 import pytest
 
-import grlib
-from grlib import manifest, paths, plots, results
+from grlib import manifest, plots, results
 from grlib.config import load_config
 from grlib.experiments import report
 
@@ -151,60 +145,3 @@ def test_kernels_figures_need_one_scale(isolated_outputs):
 
     with pytest.raises(ValueError, match="pass scale="):
         kernels_stage.save_figures(pl.DataFrame({"scale": ["smoke", "laptop"]}))
-
-
-# ---------------------------------------------------------------------------------------------
-# every notebook at smoke in a copy of the project: the laptop outputs and `dvc status` unchanged
-
-NOTEBOOKS = ("00_data", "01_kernels", "02_train", "04_negative_sampling", "99_report")
-LAPTOP_OUTPUTS = ("results/summary/laptop.md", "results/figures/laptop/*", "results/metrics/laptop/*",
-                  "results/tables/*/scale=laptop/*")
-
-
-def _run(args: list[str], cwd: Path, env: dict, timeout: int = 600) -> str:
-    proc = subprocess.run(args, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
-    assert proc.returncode == 0, f"{' '.join(args)} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
-    return proc.stdout
-
-
-def _md5s(root: Path) -> dict[str, str]:
-    files = sorted(p for pattern in LAPTOP_OUTPUTS for p in root.glob(pattern) if p.is_file())
-    return {str(p.relative_to(root)): hashlib.md5(p.read_bytes()).hexdigest() for p in files}
-
-
-@pytest.mark.slow
-def test_smoke_notebooks_leave_laptop_outputs_and_dvc_status_unchanged(tmp_path):
-    src = Path(grlib.__file__).resolve().parents[1]
-    if not (src / ".git").exists():
-        pytest.skip("needs the project's git checkout (the copy holds its tracked and unignored files)")
-    repo = tmp_path / "repo"
-    listed = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=src,
-                            capture_output=True, text=True, check=True).stdout.split("\0")
-    for rel in filter(None, listed):
-        if (src / rel).is_file():
-            (repo / rel).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(src / rel, repo / rel)
-    for ext in Path(grlib.__file__).parent.glob("_C*.so"):  # the compiled kernels (built, not tracked)
-        shutil.copy2(ext, repo / "grlib" / ext.name)
-    env = {k: v for k, v in os.environ.items() if not k.startswith("GRLIB_")}
-    env.update(GRLIB_PROJECT_ROOT=str(repo), PYTHONPATH=str(repo), DVC_NO_ANALYTICS="1",
-               PATH=f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}",
-               GIT_AUTHOR_NAME="t", GIT_AUTHOR_EMAIL="t@t", GIT_COMMITTER_NAME="t", GIT_COMMITTER_EMAIL="t@t")
-    if paths.real_data_dir() is not None:  # the copy has no shared/ beside it
-        env["GRLIB_REAL_DATA"] = str(paths.real_data_dir())
-    _run(["git", "init", "-q"], repo, env)
-    _run(["git", "add", "-A"], repo, env)
-    _run(["git", "commit", "-q", "-m", "copy"], repo, env)
-    dvc_status = [sys.executable, "-m", "dvc", "status", "--json"]
-    before, status = _md5s(repo), json.loads(_run(dvc_status, repo, env))
-    assert before and any("scale=laptop" in k for k in before) and "results/summary/laptop.md" in before
-
-    for name in NOTEBOOKS:
-        _run([sys.executable, "-m", "grlib", "notebook", name, "--scale", "smoke"], repo, env)
-
-    assert (repo / "results" / "summary" / "smoke.md").read_text().startswith("# Summary (smoke)")
-    assert list((repo / "results" / "tables" / "train" / "scale=smoke").glob("*.parquet"))
-    assert (repo / "results" / "figures" / "smoke" / "train_quality.svg").exists()
-    assert _md5s(repo) == before
-    assert json.loads(_run(dvc_status, repo, env)) == status
-    assert _run(["git", "status", "--porcelain"], repo, env) == ""

@@ -1,8 +1,12 @@
-"""`dvc repro` at the smoke scale in a temporary copy of the repository: every stage runs,
-tables / figures / executed notebooks appear, a second repro runs nothing, and changing one
-ablation parameter reruns only the stages that use it."""
+"""`dvc repro` at the smoke scale in a git copy of the project (its tracked laptop results
+included): every stage runs, tables / figures / executed notebooks appear, a second repro runs
+nothing, changing one ablation parameter reruns only the stages that use it, and the laptop
+outputs, `dvc status` of the laptop pipeline and `git status` are as before (a smoke run never
+touches another scale's files)."""
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import shutil
 import subprocess
@@ -14,23 +18,28 @@ import polars as pl
 import pytest
 import yaml
 
+import grlib
 from grlib import paths
 
-ROOT = Path(__file__).resolve().parents[1]
-SKIP = {".venv", ".git", "build", "data", "results", ".dvc", ".hypothesis", ".pytest_cache", "__pycache__"}
+LAPTOP_OUTPUTS = ("results/summary/laptop.md", "results/figures/laptop/*", "results/metrics/laptop/*",
+                  "results/tables/*/scale=laptop/*")
 
 
-def _copy_repo(dst: Path) -> None:
-    for item in ROOT.iterdir():
-        if item.name in SKIP or item.name.endswith(".egg-info"):
-            continue
-        if item.is_dir():
-            shutil.copytree(item, dst / item.name, ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
-        else:
-            shutil.copy2(item, dst / item.name)
-    for name in ("data", "results"):  # the tracked READMEs only, no outputs
-        (dst / name).mkdir()
-        shutil.copy2(ROOT / name / "README.md", dst / name / "README.md")
+def _copy_repo(src: Path, dst: Path) -> None:
+    """The files git tracks or would track (no ignored outputs), and the compiled kernels."""
+    listed = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=src,
+                            capture_output=True, text=True, check=True).stdout.split("\0")
+    for rel in filter(None, listed):
+        if (src / rel).is_file():
+            (dst / rel).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(src / rel, dst / rel)
+    for ext in Path(grlib.__file__).parent.glob("_C*.so"):  # built, not tracked
+        shutil.copy2(ext, dst / "grlib" / ext.name)
+
+
+def _md5s(root: Path) -> dict[str, str]:
+    files = sorted(p for pattern in LAPTOP_OUTPUTS for p in root.glob(pattern) if p.is_file())
+    return {str(p.relative_to(root)): hashlib.md5(p.read_bytes()).hexdigest() for p in files}
 
 
 def _run(args: list[str], cwd: Path, env: dict) -> subprocess.CompletedProcess:
@@ -52,31 +61,35 @@ def _quick_grids(ablations: dict) -> dict:
     for name, stage in (("balance", balance_stage), ("sparse", sparse_stage), ("semi_async", semi_async_stage),
                         ("scaling", scaling_stage), ("negatives", negatives_stage)):
         grid = dataclasses.asdict(stage.quick(load_ablation(name)))
-        if name == "scaling":  # the fit of the compute model takes each step's median round: 3 rounds, not
-            grid.update(rounds=3, solo_steps=4)  # one, so that a smoke step of a few ms read as 0 CPU s is not it
         out[name] = {k: v for k, v in grid.items() if k in ablations[name]}  # params.yaml's keys only
     return out
 
 
 @pytest.mark.slow
 def test_dvc_repro_smoke_in_a_copy(tmp_path):
+    src = Path(grlib.__file__).resolve().parents[1]
+    if not (src / ".git").exists():
+        pytest.skip("needs the project's git checkout (the copy holds its tracked and unignored files)")
     repo = tmp_path / "repo"
-    repo.mkdir()
-    _copy_repo(repo)
-    params = yaml.safe_load((repo / "params.yaml").read_text())
-    params["scale"] = "smoke"
-    params["ablations"].update(_quick_grids(params["ablations"]))
-    (repo / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+    _copy_repo(src, repo)
     env = {k: v for k, v in os.environ.items() if not k.startswith("GRLIB_")}
-    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
-    env["GRLIB_PROJECT_ROOT"] = str(repo)
+    env.update(GRLIB_PROJECT_ROOT=str(repo), PYTHONPATH=str(repo), DVC_NO_ANALYTICS="1",
+               PATH=f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}",
+               GIT_AUTHOR_NAME="t", GIT_AUTHOR_EMAIL="t@t", GIT_COMMITTER_NAME="t", GIT_COMMITTER_EMAIL="t@t")
     real = paths.real_data_dir()  # the copy has no ../shared beside it: point it at the real slices, if any
     if real is not None:
         env["GRLIB_REAL_DATA"] = str(real)
     dvc = [sys.executable, "-m", "dvc"]
     _run(["git", "init", "-q"], repo, env)
-    _run(dvc + ["init", "-q"], repo, env)
-    _run(dvc + ["config", "core.analytics", "false"], repo, env)
+    _run(["git", "add", "-A"], repo, env)
+    _run(["git", "commit", "-q", "-m", "copy"], repo, env)
+    laptop, laptop_status = _md5s(repo), json.loads(_run(dvc + ["status", "--json"], repo, env).stdout)
+    assert laptop and any("scale=laptop" in k for k in laptop) and "results/summary/laptop.md" in laptop
+
+    params = yaml.safe_load((repo / "params.yaml").read_text())
+    params["scale"] = "smoke"
+    params["ablations"].update(_quick_grids(params["ablations"]))
+    (repo / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
 
     first = _run(dvc + ["repro"], repo, env).stdout
     stages = [s for s in yaml.safe_load((repo / "dvc.yaml").read_text())["stages"]]
@@ -108,3 +121,8 @@ def test_dvc_repro_smoke_in_a_copy(tmp_path):
     assert "Running stage 'data'" not in third
     train = pl.concat([pl.read_parquet(p) for p in sorted(train_parts.glob("*.parquet"))], how="diagonal_relaxed")
     assert train.height == per_seed * (2 * n_seeds + 1)  # appended, not replaced
+
+    assert _md5s(repo) == laptop  # the smoke runs wrote beside the laptop outputs, never over them
+    _run(["git", "checkout", "--", "params.yaml", "dvc.lock"], repo, env)  # back to the laptop pipeline
+    assert json.loads(_run(dvc + ["status", "--json"], repo, env).stdout) == laptop_status
+    assert _run(["git", "status", "--porcelain"], repo, env).stdout == ""
