@@ -13,6 +13,9 @@ PY := $(VENV)/bin/python
 PIP := $(PY) -m pip --disable-pip-version-check
 export PATH := $(abspath $(VENV))/bin:$(PATH)
 export MAX_JOBS ?= 2
+# pytest-xdist workers of `make test`: 2 fill 2 cores (most tests wait on subprocesses: kernels,
+# gloo ranks, papermill), 9.7 min against 15.5 min in one process
+TEST_WORKERS ?= 2
 
 DEPS_STAMP := $(VENV)/.deps-installed
 KERNEL_STAMP := $(VENV)/.kernels-built
@@ -50,7 +53,7 @@ reproduce: $(KERNEL_STAMP) .dvc/config
 	dvc metrics show
 
 test: $(KERNEL_STAMP) $(TEST_STAMP)
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n $(TEST_WORKERS)
 
 lab: $(KERNEL_STAMP)
 	jupyter lab --no-browser --ip=127.0.0.1 --port=8888 notebooks/

@@ -25,8 +25,14 @@ _SESSION_DIR: Path | None = None
 def pytest_configure(config: pytest.Config) -> None:
     global _SESSION_DIR
     _SESSION_DIR = base = Path(tempfile.mkdtemp(prefix="grlib-test-"))
-    os.environ.setdefault("GRLIB_DATA_DIR", str(base / "data"))
-    os.environ.setdefault("GRLIB_RESULTS_DIR", str(base / "results"))
+    # pytest-xdist workers inherit the controller's variables: each worker swaps the controller's
+    # folders for its own (no two processes prepare the same dataset in one folder); a folder the
+    # user set is kept
+    inherited = os.environ.get("GRLIB_TEST_SESSION_DIR")
+    for name, sub in (("GRLIB_DATA_DIR", "data"), ("GRLIB_RESULTS_DIR", "results")):
+        if name not in os.environ or (inherited and os.environ[name] == str(Path(inherited) / sub)):
+            os.environ[name] = str(base / sub)
+    os.environ["GRLIB_TEST_SESSION_DIR"] = str(base)
     os.environ.setdefault("GRLIB_PROGRESS", "0")
 
 
