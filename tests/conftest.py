@@ -88,3 +88,9 @@ def single_run():
         return fit_and_evaluate(cfg, load_dataset(cfg, "scale"), None)
     finally:
         torch.set_num_threads(threads)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Tests marked slow first (otherwise in collection order): with pytest-xdist workers, the
+    longest ones then start at once instead of ending the run alone on one worker."""
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
