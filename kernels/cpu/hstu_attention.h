@@ -7,15 +7,17 @@
 //
 // The contract and the padded reference (the ground truth) are in grlib/ops/attention.py.
 //
-// Work is split into tasks: a (sequence, head, tile of 64 queries) in the forward pass and the
-// dq pass, a (sequence, head, tile of 64 keys) in the dk/dv pass. Tasks are sorted by cost
-// (longest first) and handed out dynamically to the OpenMP workers of at::parallel_for. A task
-// packs its own tile transposed once ([D, 64], float32 for float/bf16/half inputs, float64 for
-// float64) and walks the tiles it attends to (flash-attention style): each of those is copied
-// row-wise into a small per-worker scratch (a cheap contiguous copy), the 64 x 64 score tile
-// comes from a register-blocked micro-kernel, bias + SiLU (+ the causal mask on the diagonal
-// tile) are applied in place by vectorisable loops, and the tile is multiplied into the task's
-// accumulator. Nothing larger than a tile is ever materialised; backward recomputes the scores.
+// Work is split into tasks: a (sequence, head) where those tasks balance over the workers, else a
+// (sequence, head, tile of 64 queries) in the forward pass and the dq pass and a (sequence, head,
+// tile of 64 keys) in the dk/dv pass. Tasks are sorted by cost (longest first) and handed out
+// dynamically to the OpenMP workers of at::parallel_for. The forward task packs the keys and values
+// it attends to once into per-worker scratch (rows of Dp values, float32 for float/bf16/half
+// inputs, float64 for float64), and each query tile transposed ([D, 64]); a backward task packs its
+// own tiles and copies the tiles it walks (flash-attention style). The 64 x 64 score tile comes
+// from a register-blocked micro-kernel (only the vectors the causal mask leaves on a diagonal
+// tile), bias + SiLU (+ the mask on the diagonal tile) are applied in place by vectorisable loops,
+// and the tile is multiplied into the task's accumulator. Nothing larger than a tile (a sequence's
+// keys and values in the forward) is materialised; backward recomputes the scores.
 //
 // Bias-table gradients are summed into one partial table per task and reduced in task order at
 // the end (BiasGrads), so no two threads ever write the same memory and every run gives bitwise

@@ -39,10 +39,11 @@ void backward_dq(const Args& a, double alpha_in, const at::Tensor& grad, at::Ten
     std::fill(dQ, dQ + nq * Dp, T(0));
     for (int64_t j0 = 0; j0 < i0 + nq; j0 += BLK) {
       const int64_t nk = std::min(BLK, i0 + nq - j0);
+      const int tri = j0 == i0 ? UPPER : 0;  // a diagonal tile: query >= key
       pack_rows(k + (base + j0) * a.rk + t.h * D, a.rk, nk, D, Dp, T(1), Ks, a.act);
       pack_rows(v + (base + j0) * a.rv + t.h * Dv, a.rv, nk, Dv, Dvp, T(1), Vs, a.act);
-      tile_nt(Ks, QT, Dp, ST, nk);    // scores^T [key, query]
-      tile_nt(Vs, dOT, Dvp, dWT, nk);  // (dO V^T)^T = dL/dweights^T
+      tile_nt(Ks, QT, Dp, ST, nk, nq, tri);    // scores^T [key, query]
+      tile_nt(Vs, dOT, Dvp, dWT, nk, nq, tri);  // (dO V^T)^T = dL/dweights^T
       for (int64_t c = 0; c < nk; ++c) {  // dWT <- dL/dscores^T; bias gradients
         const int64_t j = j0 + c, first = std::min(std::max<int64_t>(0, j - i0), nq);
         const int64_t tsj = bias.ts ? bias.ts[j] : 0;
@@ -59,7 +60,7 @@ void backward_dq(const Args& a, double alpha_in, const at::Tensor& grad, at::Ten
         }
         if (tsq) add_time_grads(ds, tsq, tsj, first, nq, Bt, gtime);
       }
-      tile_tn_acc(dWT, Ks, Dp, dQ, nq, nk);  // dQ += dS K
+      tile_tn_acc(dWT, Ks, Dp, dQ, nq, nk, tri ? LOWER : 0);  // dQ += dS K
     }
     for (int64_t r = 0; r < nq; ++r)
       write_grad(gq + (base + i0 + r) * oq + t.h * D, dQ + r * Dp, D, p.alpha,
@@ -96,10 +97,11 @@ void backward_dkv(const Args& a, double alpha_in, const at::Tensor& grad, at::Te
     std::fill(dV, dV + nk * Dvp, T(0));
     for (int64_t i0 = j0; i0 < L; i0 += BLK) {
       const int64_t nq = std::min(BLK, L - i0);
+      const int tri = i0 == j0 ? LOWER : 0;  // a diagonal tile: key <= query
       pack_rows(q + (base + i0) * a.rq + t.h * D, a.rq, nq, D, Dp, T(1), Qs, a.act);
       pack_rows(g + (base + i0) * rg + t.h * Dv, rg, nq, Dv, Dvp, T(1), dOs);
-      tile_nt(Qs, KT, Dp, S, nq);    // scores [query, key]
-      tile_nt(dOs, VT, Dvp, dW, nq);  // dO V^T
+      tile_nt(Qs, KT, Dp, S, nq, nk, tri);    // scores [query, key]
+      tile_nt(dOs, VT, Dvp, dW, nq, nk, tri);  // dO V^T
       for (int64_t r = 0; r < nq; ++r) {  // S <- weights, dW <- dL/dscores; zero where j > i
         const int64_t i = i0 + r, valid = std::min(nk, i - j0 + 1);
         T *s = S + r * BLK, *ds = dW + r * BLK;
@@ -108,8 +110,8 @@ void backward_dkv(const Args& a, double alpha_in, const at::Tensor& grad, at::Te
         std::fill(s + valid, s + nk, T(0));
         std::fill(ds + valid, ds + nk, T(0));
       }
-      tile_tn_acc(S, dOs, Dvp, dV, nk, nq);  // dV += W^T dO
-      tile_tn_acc(dW, Qs, Dp, dK, nk, nq);   // dK += dS^T Q
+      tile_tn_acc(S, dOs, Dvp, dV, nk, nq, tri ? UPPER : 0);  // dV += W^T dO
+      tile_tn_acc(dW, Qs, Dp, dK, nk, nq, tri ? UPPER : 0);   // dK += dS^T Q
     }
     for (int64_t c = 0; c < nk; ++c) {
       write_grad(gk + (base + j0 + c) * ok + t.h * D, dK + c * Dp, D, p.alpha,
@@ -168,8 +170,9 @@ void backward_single(const Args& a, double alpha_in, const at::Tensor& grad, at:
       for (int64_t i0 = j0; i0 < L; i0 += BLK) {
         const int64_t nq = std::min(BLK, L - i0);
         T *Qi = Qs + i0 * Dp, *dOi = dOs + i0 * Dvp;
-        tile_nt(Qi, KT, Dp, S, nq);    // scores [query, key] = alpha q_i . k_j
-        tile_nt(dOi, VT, Dvp, dW, nq);  // dL/dweights = dO V^T
+        const int tri = i0 == j0 ? LOWER : 0;  // a diagonal tile: key <= query
+        tile_nt(Qi, KT, Dp, S, nq, nk, tri);    // scores [query, key] = alpha q_i . k_j
+        tile_nt(dOi, VT, Dvp, dW, nq, nk, tri);  // dL/dweights = dO V^T
         for (int64_t r = 0; r < nq; ++r) {  // S <- weights, dW <- dL/dscores; zero where j > i
           const int64_t i = i0 + r, valid = std::min(nk, i - j0 + 1), tsi = bias.ts ? bias.ts[i] : 0;
           T *s = S + r * BLK, *ds = dW + r * BLK;
@@ -186,11 +189,11 @@ void backward_single(const Args& a, double alpha_in, const at::Tensor& grad, at:
           }
           if (tsk) add_time_grads(ds, tsk, tsi, 0, valid, Bt, gtime);
         }
-        tile_tn_acc(S, dOi, Dvp, dV, nk, nq);  // dV_j += W^T dO_i
-        tile_tn_acc(dW, Qi, Dp, dK, nk, nq);   // dK_j += dS^T (alpha Q_i)
+        tile_tn_acc(S, dOi, Dvp, dV, nk, nq, tri ? UPPER : 0);  // dV_j += W^T dO_i
+        tile_tn_acc(dW, Qi, Dp, dK, nk, nq, tri ? UPPER : 0);   // dK_j += dS^T (alpha Q_i)
         for (int64_t c = 0; c < nk; ++c)       // dST [key, query] = dS^T
           for (int64_t r = 0; r < nq; ++r) dST[c * BLK + r] = dW[r * BLK + c];
-        tile_tn_acc(dST, Ks, Dp, dQ + i0 * Dp, nq, nk);  // dQ_i += dS K_j
+        tile_tn_acc(dST, Ks, Dp, dQ + i0 * Dp, nq, nk, tri);  // dQ_i += dS K_j
       }
       for (int64_t c = 0; c < nk; ++c) {
         write_grad(gk + (base + j0 + c) * ok + t.h * D, dK + c * Dp, D, T(1),

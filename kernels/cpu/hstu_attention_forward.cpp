@@ -1,10 +1,15 @@
-// Forward pass of the jagged HSTU attention (design: hstu_attention.h): one task per (sequence,
-// head, tile of 64 queries), walking the key tiles at or before it.
+// Forward pass of the jagged HSTU attention (design: hstu_attention.h): tasks of (sequence, head) or
+// (sequence, head, tile of 64 queries), each walking the key tiles at or before its queries.
 #include "hstu_attention.h"
 
 namespace hstu {
 namespace {
 
+// One task per (sequence, head) when those tasks balance over the workers (the costliest holds at
+// most 1 / workers of the tile pairs), else one per (sequence, head, query tile). A task packs the
+// keys and values it attends to once (SiLU applied when the inputs are pre-activations), then walks
+// its query tiles: each packs its queries transposed and multiplies them with the packed key tiles
+// in place (no copy per tile pair).
 template <typename scalar_t>
 at::Tensor forward_impl(const Args& a, double alpha_in) {
   using T = at::opmath_type<scalar_t>;
@@ -13,33 +18,44 @@ at::Tensor forward_impl(const Args& a, double alpha_in) {
   auto out = at::empty({a.T, a.H, a.Dv}, a.q.options());
   const scalar_t *q = a.q.data_ptr<scalar_t>(), *k = a.k.data_ptr<scalar_t>(), *v = a.v.data_ptr<scalar_t>();
   scalar_t* y = out.data_ptr<scalar_t>();
-  const auto tasks = make_tasks(p.o, a.B, a.H, /*by_key=*/false);
-  const int64_t workers = p.workers(tasks.size());
-  // per worker: QT [Dp, BLK], K [BLK, Dp], V [BLK, Dvp], ST [BLK, BLK], O [BLK, Dvp]
-  auto bufs = scratch<T>(workers, BLK * (3 * Dp + 2 * Dvp + BLK));
+  std::vector<Task> tasks = sequence_tasks(p.o, a.B, a.H);
+  int64_t total = 0, longest = 0;
+  for (const Task& t : tasks) total += t.cost;
+  for (int64_t b = 0; b < a.B; ++b) longest = std::max(longest, p.o[b + 1] - p.o[b]);
+  const bool per_sequence = tasks.empty() || tasks.front().cost * at::get_num_threads() <= total;
+  if (!per_sequence) tasks = make_tasks(p.o, a.B, a.H, /*by_key=*/false);
+  const int64_t workers = p.workers(tasks.size()), Lp = round_up(longest, BLK);
+  // per worker: K [Lp, Dp], V [Lp, Dvp] (the task's keys and values), QT [Dp, BLK], ST [BLK, BLK], O [BLK, Dvp]
+  auto bufs = scratch<T>(workers, Lp * (Dp + Dvp) + BLK * (Dp + BLK + Dvp));
   run_tasks(tasks, workers, [&](int64_t w, const Task& t) {
-    T *QT = bufs[w].data(), *Ks = QT + Dp * BLK, *Vs = Ks + BLK * Dp, *ST = Vs + BLK * Dvp, *O = ST + BLK * BLK;
-    const int64_t base = p.o[t.b], L = p.o[t.b + 1] - base, i0 = t.blk * BLK, nq = std::min(BLK, L - i0);
+    T *Kp = bufs[w].data(), *Vp = Kp + Lp * Dp, *QT = Vp + Lp * Dvp, *ST = QT + Dp * BLK, *O = ST + BLK * BLK;
+    const int64_t base = p.o[t.b], L = p.o[t.b + 1] - base;
+    const int64_t tile0 = per_sequence ? 0 : t.blk, tile1 = per_sequence ? (L + BLK - 1) / BLK : t.blk + 1;
+    const int64_t keys = std::min(L, tile1 * BLK);  // keys [0, keys) are attended to
     const Bias<T> bias = p.bias(t.b, t.h);
-    const int64_t* tsq = bias.ts ? bias.ts + i0 : nullptr;
-    pack_cols(q + (base + i0) * a.rq + t.h * D, a.rq, nq, D, Dp, p.alpha, QT, a.act);
-    std::fill(O, O + nq * Dvp, T(0));
-    for (int64_t j0 = 0; j0 < i0 + nq; j0 += BLK) {
-      const int64_t nk = std::min(BLK, i0 + nq - j0);
-      pack_rows(k + (base + j0) * a.rk + t.h * D, a.rk, nk, D, Dp, T(1), Ks, a.act);
-      pack_rows(v + (base + j0) * a.rv + t.h * Dv, a.rv, nk, Dv, Dvp, T(1), Vs, a.act);
-      tile_nt(Ks, QT, Dp, ST, nk);  // ST [key c, query r] = alpha k_j . q_i
-      for (int64_t c = 0; c < nk; ++c) {  // weights^T; zero where j > i (r < first)
-        const int64_t j = j0 + c, first = std::min(std::max<int64_t>(0, j - i0), nq);
-        T* s = ST + c * BLK;
-        add_bias<1>(s, first, nq, i0 - j, bias, tsq, bias.ts ? bias.ts[j] : 0);
-        silu_scale(s, first, nq, p.inv_n);
-        std::fill(s, s + first, T(0));
+    pack_rows(k + base * a.rk + t.h * D, a.rk, keys, D, Dp, T(1), Kp, a.act);
+    pack_rows(v + base * a.rv + t.h * Dv, a.rv, keys, Dv, Dvp, T(1), Vp, a.act);
+    for (int64_t i0 = tile0 * BLK; i0 < tile1 * BLK; i0 += BLK) {
+      const int64_t nq = std::min(BLK, L - i0);
+      const int64_t* tsq = bias.ts ? bias.ts + i0 : nullptr;
+      pack_cols(q + (base + i0) * a.rq + t.h * D, a.rq, nq, D, Dp, p.alpha, QT, a.act);
+      std::fill(O, O + nq * Dvp, T(0));
+      for (int64_t j0 = 0; j0 < i0 + nq; j0 += BLK) {
+        const int64_t nk = std::min(BLK, i0 + nq - j0);
+        const bool diag = j0 == i0;  // the causal mask cuts this tile
+        tile_nt(Kp + j0 * Dp, QT, Dp, ST, nk, nq, diag ? UPPER : 0);  // ST [key c, query r] = alpha k_j . q_i
+        for (int64_t c = 0; c < nk; ++c) {  // weights^T; zero where j > i (r < first)
+          const int64_t j = j0 + c, first = std::min(std::max<int64_t>(0, j - i0), nq);
+          T* s = ST + c * BLK;
+          add_bias<1>(s, first, nq, i0 - j, bias, tsq, bias.ts ? bias.ts[j] : 0);
+          silu_scale(s, first, nq, p.inv_n);
+          std::fill(s, s + first, T(0));
+        }
+        tile_tn_acc(ST, Vp + j0 * Dvp, Dvp, O, nq, nk, diag ? LOWER : 0);  // O += W V
       }
-      tile_tn_acc(ST, Vs, Dvp, O, nq, nk);  // O += W V
+      for (int64_t r = 0; r < nq; ++r)
+        for (int64_t e = 0; e < Dv; ++e) y[(base + i0 + r) * hsv + t.h * Dv + e] = static_cast<scalar_t>(O[r * Dvp + e]);
     }
-    for (int64_t r = 0; r < nq; ++r)
-      for (int64_t e = 0; e < Dv; ++e) y[(base + i0 + r) * hsv + t.h * Dv + e] = static_cast<scalar_t>(O[r * Dvp + e]);
   });
   return out;
 }

@@ -3,8 +3,16 @@
 //
 //   tile_nt      C   [rows, BLK]  = X [rows, Dp] . YT [Dp, BLK]          (scores, dL/dweights)
 //   tile_tn_acc  Out [rows, Ep]  += PT[:cols, :rows]^T . Z [cols, Ep]     (outputs, gradients)
+//
+// Both skip work that the causal mask makes zero. `tri` says which entries (row r, column c) of the
+// tile a pass uses: 0 all, LOWER c <= r, UPPER c >= r (a diagonal tile: query and key tiles at the
+// same offset). tile_nt computes, per block of rows, only the column vectors that hold used entries
+// and no vector past `ncols` (the entries it leaves unwritten are never read: the passes mask or
+// skip them); tile_tn_acc skips the terms c whose weights the mask set to exactly 0. The terms kept
+// are summed in the same order as without skipping, so the results are bitwise the same.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 
 namespace hstu {
@@ -12,6 +20,7 @@ namespace hstu {
 constexpr int64_t BLK = 64;  // query and key tile size (rows of a tile)
 constexpr int64_t VEC = 16;  // feature dims are zero-padded to a multiple of this in scratch
 constexpr int64_t RB = 6;    // rows per micro-kernel step (register blocking: 6 x 4 accumulators of 32 registers)
+constexpr int LOWER = 1, UPPER = -1;  // tri: entries c <= r, entries c >= r of a diagonal tile
 
 inline int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
 
@@ -43,10 +52,10 @@ inline void vstore(T* p, const V<T>& v) { __builtin_memcpy(p, &v, sizeof(v)); }
 
 // ---- micro-kernels (Dp, Ep: multiples of VEC; tiles have row stride BLK) -----------------------
 
-// C[i, c] = sum_d X[i, d] * YT[d, c] for i < R, c < BLK: R x BLK accumulators stay in registers.
-template <typename T, int64_t R>
+// C[i, c] = sum_d X[i, d] * YT[d, c] for i < R, c < NV * LANES (YT and C: row stride BLK): R x NV
+// accumulators stay in registers.
+template <typename T, int64_t R, int64_t NV>
 inline void tile_nt_rows(const T* __restrict X, const T* __restrict YT, int64_t Dp, T* __restrict C) {
-  constexpr int64_t NV = BLK / LANES<T>;
   V<T> acc[R][NV] = {};
   for (int64_t d = 0; d < Dp; ++d) {
     V<T> y[NV];
@@ -65,15 +74,39 @@ inline void tile_nt_rows(const T* __restrict X, const T* __restrict YT, int64_t 
     for (int64_t n = 0; n < NV; ++n) vstore(C + i * BLK + n * LANES<T>, acc[i][n]);
 }
 
-// C [rows, BLK] = X [rows, Dp] . YT [Dp, BLK]: 6 rows at a time, then 4, 2, 1 (6 x 4 accumulators
-// per step, 24 FMAs per 10 loads; 4 x 4 gave 16 per 8)
+// tile_nt_rows with nv (0 .. BLK / LANES) column vectors, chosen at run time.
+template <typename T, int64_t R, int64_t NV = BLK / LANES<T>>
+inline void tile_nt_span(const T* X, const T* YT, int64_t Dp, T* C, int64_t nv) {
+  if constexpr (NV > 1) {
+    if (nv < NV) {
+      tile_nt_span<T, R, NV - 1>(X, YT, Dp, C, nv);
+      return;
+    }
+  }
+  if (nv >= NV) tile_nt_rows<T, R, NV>(X, YT, Dp, C);
+}
+
+// Rows [r, r + R) of C: the column vectors below ncols that hold entries `tri` uses.
+template <typename T, int64_t R>
+inline void tile_nt_block(const T* X, const T* YT, int64_t Dp, T* C, int64_t r, int64_t ncols, int tri) {
+  constexpr int64_t L = LANES<T>;
+  int64_t n0 = 0, n1 = (ncols + L - 1) / L;
+  if (tri == LOWER) n1 = std::min(n1, (r + R + L - 1) / L);  // columns <= r + R - 1
+  if (tri == UPPER) n0 = std::min(r / L, n1);                // columns >= r
+  tile_nt_span<T, R>(X + r * Dp, YT + n0 * L, Dp, C + r * BLK + n0 * L, n1 - n0);
+}
+
+// C [rows, BLK] = X [rows, Dp] . YT [Dp, BLK], the entries of columns < ncols that `tri` uses (and
+// whatever else shares their vectors): 6 rows at a time, then 4, 2, 1 (6 x 4 accumulators per step,
+// 24 FMAs per 10 loads; 4 x 4 gave 16 per 8)
 template <typename T>
-void tile_nt(const T* __restrict X, const T* __restrict YT, int64_t Dp, T* __restrict C, int64_t rows) {
+void tile_nt(const T* __restrict X, const T* __restrict YT, int64_t Dp, T* __restrict C, int64_t rows,
+             int64_t ncols = BLK, int tri = 0) {
   int64_t r = 0;
-  for (; r + RB <= rows; r += RB) tile_nt_rows<T, RB>(X + r * Dp, YT, Dp, C + r * BLK);
-  if (r + 4 <= rows) tile_nt_rows<T, 4>(X + r * Dp, YT, Dp, C + r * BLK), r += 4;
-  if (r + 2 <= rows) tile_nt_rows<T, 2>(X + r * Dp, YT, Dp, C + r * BLK), r += 2;
-  if (r < rows) tile_nt_rows<T, 1>(X + r * Dp, YT, Dp, C + r * BLK);
+  for (; r + RB <= rows; r += RB) tile_nt_block<T, RB>(X, YT, Dp, C, r, ncols, tri);
+  if (r + 4 <= rows) tile_nt_block<T, 4>(X, YT, Dp, C, r, ncols, tri), r += 4;
+  if (r + 2 <= rows) tile_nt_block<T, 2>(X, YT, Dp, C, r, ncols, tri), r += 2;
+  if (r < rows) tile_nt_block<T, 1>(X, YT, Dp, C, r, ncols, tri);
 }
 
 // Out[i, e0 + e] += sum_{c < cols} PT[c, i] * Z[c, e0 + e] for i < R, e < W * LANES.
@@ -110,16 +143,24 @@ inline void tile_tn_rows(const T* PT, const T* Z, int64_t Ep, T* Out, int64_t co
   for (; e < Ep; e += LANES<T>) tile_tn_block<T, R, 1>(PT, Z + e, Ep, Out + e, cols);
 }
 
-// Out [rows, Ep] += PT[:cols, :rows]^T . Z [cols, Ep]   (PT has row stride BLK): 6 rows at a time,
-// then 4, 2, 1
+// Rows [r, r + R) of Out: the terms c in [0, cols) that `tri` keeps (LOWER: c <= r + R - 1, UPPER:
+// c >= r; the others have weight 0 in every row of the block).
+template <typename T, int64_t R>
+inline void tile_tn_range(const T* PT, const T* Z, int64_t Ep, T* Out, int64_t r, int64_t cols, int tri) {
+  const int64_t c0 = tri == UPPER ? std::min(r, cols) : 0, c1 = tri == LOWER ? std::min(cols, r + R) : cols;
+  if (c1 > c0) tile_tn_rows<T, R>(PT + c0 * BLK + r, Z + c0 * Ep, Ep, Out + r * Ep, c1 - c0);
+}
+
+// Out [rows, Ep] += PT[:cols, :rows]^T . Z [cols, Ep]   (PT has row stride BLK), the terms `tri`
+// keeps: 6 rows at a time, then 4, 2, 1
 template <typename T>
 void tile_tn_acc(const T* __restrict PT, const T* __restrict Z, int64_t Ep, T* __restrict Out, int64_t rows,
-                 int64_t cols) {
+                 int64_t cols, int tri = 0) {
   int64_t r = 0;
-  for (; r + RB <= rows; r += RB) tile_tn_rows<T, RB>(PT + r, Z, Ep, Out + r * Ep, cols);
-  if (r + 4 <= rows) tile_tn_rows<T, 4>(PT + r, Z, Ep, Out + r * Ep, cols), r += 4;
-  if (r + 2 <= rows) tile_tn_rows<T, 2>(PT + r, Z, Ep, Out + r * Ep, cols), r += 2;
-  if (r < rows) tile_tn_rows<T, 1>(PT + r, Z, Ep, Out + r * Ep, cols);
+  for (; r + RB <= rows; r += RB) tile_tn_range<T, RB>(PT, Z, Ep, Out, r, cols, tri);
+  if (r + 4 <= rows) tile_tn_range<T, 4>(PT, Z, Ep, Out, r, cols, tri), r += 4;
+  if (r + 2 <= rows) tile_tn_range<T, 2>(PT, Z, Ep, Out, r, cols, tri), r += 2;
+  if (r < rows) tile_tn_range<T, 1>(PT, Z, Ep, Out, r, cols, tri);
 }
 
 }  // namespace hstu
