@@ -119,6 +119,19 @@ def test_compiled_kernel_many_heads_long_sequence():
     _compare(case, "cpu")
 
 
+@pytest.mark.parametrize("lengths,H", [([300], 1), ([5, 700], 1), ([100] * 8, 2), ([130, 64, 1, 0, 90], 3)])
+def test_forward_task_forms_match_reference(lengths, H):
+    """The forward's two task forms on 2 threads: a dominant sequence (one head) gives one task per
+    (sequence, head, query tile), many similar sequences one task per (sequence, head); both with
+    partial tiles, diagonal tiles and both biases, forward and backward against the reference."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        _compare(_random_case(lengths, H=H, D=24, Dv=20, P=100, Bt=16, ts=(-10**6, 10**6), seed=3), "cpu")
+    finally:
+        torch.set_num_threads(threads)
+
+
 def test_known_values():
     """One sequence of two tokens, one head, D = 1, worked by hand."""
     silu = lambda x: x / (1 + math.exp(-x))  # noqa: E731

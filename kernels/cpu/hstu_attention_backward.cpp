@@ -208,21 +208,15 @@ void backward_single(const Args& a, double alpha_in, const at::Tensor& grad, at:
   bias_grads.reduce(tasks, a, dpos, dtime);
 }
 
-// Auto mode: one pass when its (sequence, head) tasks can keep every worker busy, i.e. the costliest
-// holds at most 1 / workers of the tile pairs (longest-first dynamic scheduling then balances them);
-// else the two passes, whose tasks are single tiles (e.g. one long sequence with one head).
+// Auto mode: one pass when its (sequence, head) tasks can keep every worker busy
+// (sequence_tasks_balance), else the two passes, whose tasks are single tiles.
 // mode: 0 auto, 1 one pass (backward_single), 2 two passes (backward_dq + backward_dkv).
 template <typename scalar_t>
 void run_backward(const char* op, int64_t mode, const Args& a, double alpha, const at::Tensor& grad, at::Tensor& dq,
                   at::Tensor& dk, at::Tensor& dv, at::Tensor& dpos, at::Tensor& dtime) {
   TORCH_CHECK(mode >= 0 && mode <= 2, op, ": mode must be 0 (auto), 1 (one pass) or 2 (two passes), got ", mode);
-  bool single = mode == 1;
-  if (mode == 0) {
-    const std::vector<Task> tasks = sequence_tasks(a.offsets.data_ptr<int64_t>(), a.B, a.H);
-    int64_t total = 0;
-    for (const Task& t : tasks) total += t.cost;
-    single = tasks.empty() || tasks.front().cost * at::get_num_threads() <= total;
-  }
+  const bool single = mode == 1 || (mode == 0 && sequence_tasks_balance(sequence_tasks(
+                                                     a.offsets.data_ptr<int64_t>(), a.B, a.H)));
   if (single) {
     backward_single<scalar_t>(a, alpha, grad, dq, dk, dv, dpos, dtime);
   } else {

@@ -5,8 +5,8 @@
 namespace hstu {
 namespace {
 
-// One task per (sequence, head) when those tasks balance over the workers (the costliest holds at
-// most 1 / workers of the tile pairs), else one per (sequence, head, query tile). A task packs the
+// One task per (sequence, head) when those tasks balance over the workers (sequence_tasks_balance),
+// else one per (sequence, head, query tile). A task packs the
 // keys and values it attends to once (SiLU applied when the inputs are pre-activations), then walks
 // its query tiles: each packs its queries transposed and multiplies them with the packed key tiles
 // in place (no copy per tile pair).
@@ -19,11 +19,10 @@ at::Tensor forward_impl(const Args& a, double alpha_in) {
   const scalar_t *q = a.q.data_ptr<scalar_t>(), *k = a.k.data_ptr<scalar_t>(), *v = a.v.data_ptr<scalar_t>();
   scalar_t* y = out.data_ptr<scalar_t>();
   std::vector<Task> tasks = sequence_tasks(p.o, a.B, a.H);
-  int64_t total = 0, longest = 0;
-  for (const Task& t : tasks) total += t.cost;
-  for (int64_t b = 0; b < a.B; ++b) longest = std::max(longest, p.o[b + 1] - p.o[b]);
-  const bool per_sequence = tasks.empty() || tasks.front().cost * at::get_num_threads() <= total;
+  const bool per_sequence = sequence_tasks_balance(tasks);
   if (!per_sequence) tasks = make_tasks(p.o, a.B, a.H, /*by_key=*/false);
+  int64_t longest = 0;
+  for (int64_t b = 0; b < a.B; ++b) longest = std::max(longest, p.o[b + 1] - p.o[b]);
   const int64_t workers = p.workers(tasks.size()), Lp = round_up(longest, BLK);
   // per worker: K [Lp, Dp], V [Lp, Dvp] (the task's keys and values), QT [Dp, BLK], ST [BLK, BLK], O [BLK, Dvp]
   auto bufs = scratch<T>(workers, Lp * (Dp + Dvp) + BLK * (Dp + BLK + Dvp));

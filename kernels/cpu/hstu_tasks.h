@@ -43,6 +43,15 @@ inline std::vector<Task> sequence_tasks(const int64_t* o, int64_t B, int64_t H) 
   return tasks;
 }
 
+// Whether the (sequence, head) tasks can keep every worker busy: the costliest holds at most
+// 1 / workers of the tile pairs (longest-first dynamic scheduling then balances them). Else a pass
+// splits its work into tiles (e.g. one long sequence with one head).
+inline bool sequence_tasks_balance(const std::vector<Task>& tasks) {
+  int64_t total = 0;
+  for (const Task& t : tasks) total += t.cost;
+  return tasks.empty() || tasks.front().cost * at::get_num_threads() <= total;
+}
+
 // Runs fn(worker, task) for every task, longest first, dynamically balanced over the workers of
 // at::parallel_for (one index per worker; nested calls run serially on worker 0).
 template <typename F>
