@@ -54,7 +54,7 @@ def dist_config(spec: PairSpec, world: int, schedule: str, staleness: int) -> Di
                       items=spec.items, dedup="rank")
 
 
-def schedstat() -> tuple[float, float]:
+def cpu_and_wait() -> tuple[float, float]:
     """(seconds on a core, seconds waiting for one) of this thread since it started. On a core:
     CLOCK_THREAD_CPUTIME_ID (time.thread_time, which counts up to now; schedstat's own run field is
     updated only at scheduler ticks and switches, so a step of a few ms can read 0); waiting: Linux
@@ -77,10 +77,10 @@ def _train(cfg: Config, data, runtime, dist_cfg: DistConfig | None, steps: int, 
     torch.manual_seed(cfg.train.seed)
     model = build_model(cfg.model, data.n_items, max_len)
     tcfg = dataclasses.replace(cfg.train, max_steps=steps, epochs=10**6, batch_size=batch_size, select_best=False)
-    stats = [schedstat()]
+    stats = [cpu_and_wait()]
 
     def flops(batch) -> float:  # called once per step, as its row is recorded
-        stats.append(schedstat())
+        stats.append(cpu_and_wait())
         return sequence_flops(batch.lengths().numpy(), cfg.model)
 
     timeline = train(model, data, tcfg, max_len, cfg.negatives, runtime=runtime, dist_cfg=dist_cfg,
