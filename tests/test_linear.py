@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch.utils.flop_counter import FlopCounterMode
 
@@ -93,3 +93,36 @@ def test_matmul_nt_refuses_autograd():
         assert ops.matmul_nt(a, torch.randn(5, 4)).shape == (3, 5)
     with pytest.raises(ValueError, match="agree on K"):
         ops.matmul_nt(torch.randn(3, 4), torch.randn(5, 3))
+
+
+@settings(max_examples=60, deadline=None)
+@given(m=st.sampled_from([0, 1, 2, 15, 16, 17, 63, 64, 65, 130]), n=st.sampled_from([0, 1, 7, 16, 33, 256]),
+       dtype=st.sampled_from([torch.float32, torch.float64, torch.bfloat16]), strided=st.booleans(),
+       seed=st.integers(0, 2**31 - 1))
+def test_transpose_copy_kernel_equals_reference(m, n, dtype, strided, seed):
+    """The compiled transposing copy (blocks of 16, bands of 64 rows, edges) equals x.t().contiguous()
+    bitwise, for contiguous and strided inputs, empty and one-row ones included."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(n, m, generator=g).to(dtype).T if strided else torch.randn(m, n, generator=g).to(dtype)
+    got = ops.transpose_copy(x, impl="cpu")
+    assert got.is_contiguous() and got.shape == (n, m)
+    assert torch.equal(got, ops.transpose_copy(x, impl="reference"))
+
+
+def test_transpose_copy_opcheck_and_errors():
+    torch.library.opcheck(torch.ops.grlib.transpose_copy.default, (torch.randn(37, 19),))
+    with pytest.raises(ValueError, match=r"transpose_copy: x must be 2-D \[M, N\], got \(3, 4, 5\)"):
+        ops.transpose_copy(torch.randn(3, 4, 5))
+
+
+def test_linear_weight_gradient_through_the_kernel_equals_the_strided_copy():
+    """The onednn linear's dW uses transpose_copy for x^T; the product is the one oneDNN computed from
+    aten's copy of the strided view (same values, same layout): bitwise."""
+    from grlib.ops.matmul import _gemm_nt
+
+    g = torch.Generator().manual_seed(3)
+    x, w, dy = torch.randn(517, 96, generator=g), torch.randn(160, 96, generator=g), torch.randn(517, 160, generator=g)
+    xg = x.clone().requires_grad_(True)
+    wg = w.clone().requires_grad_(True)
+    ops.linear(xg, wg, impl="onednn").backward(dy)
+    assert torch.equal(wg.grad, _gemm_nt(x.t(), dy.t()).t().contiguous())

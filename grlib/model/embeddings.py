@@ -1,7 +1,10 @@
 """Input embeddings shared by every encoder: item, action bitmask and time gap of each token.
 
 token embedding = sqrt(d) * item[id] + action[bitmask] + gap[log2 bucket of seconds since the
-user's previous event]   (the sqrt(d) scale follows HSTU's public input preprocessor)
+user's previous event]   (the sqrt(d) scale follows HSTU's public input preprocessor); one op,
+grlib.ops.embedding_sum (the compiled kernel on CPU: one pass over the tokens each way), where the
+item rows come from the local table, else (rows looked up ahead, a row-sharded table) the same sum in
+torch ops
 
 The item table also scores (HSTU public practice: L2-normalised embeddings, temperature). The loss
 and the evaluation reach it only through the ItemTable interface, the seam where a row-sharded
@@ -24,6 +27,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from grlib import ops
 from grlib.data.schema import N_ACTION_CODES, PAD_ID
 from grlib.jagged import JaggedBatch
 from grlib.ops.attention import time_buckets
@@ -69,6 +73,9 @@ class Embeddings(nn.Module):
     def forward(self, batch: JaggedBatch) -> Tensor:  # -> [T, d]
         gap = time_buckets(time_gaps(batch.timestamps, batch.offsets), N_GAP_BUCKETS)
         rows = batch.attachments.get(ITEM_ROWS)  # looked up ahead (a semi-synchronous schedule), else now
+        if rows is None and isinstance(self.items, nn.Embedding):  # the three lookups and the sum in one op
+            return ops.embedding_sum(self.items.weight, self.actions.weight, self.gaps.weight, batch.item_ids,
+                                     batch.actions, gap, math.sqrt(self.d), self.items.padding_idx)
         items = self.items(batch.item_ids) if rows is None else rows  # [T, d]
         return items * math.sqrt(self.d) + self.actions(batch.actions) + self.gaps(gap)
 

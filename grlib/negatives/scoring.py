@@ -181,7 +181,9 @@ class SharedSoftmaxLoss(torch.autograd.Function):
         grads = any(ctx.needs_input_grad[:3])
         lse = torch.empty(P, dtype=torch.float32, device=u.device)  # [P]
         grad_u = torch.empty_like(u) if grads else None  # [P, d]
-        grad_pool = torch.zeros_like(pool) if grads else None  # [R, d]
+        # dL/dpool accumulated transposed, [d, R] contiguous: each chunk's u^T . G lands as a dense add
+        # (adding the [R, d] view of it ran 8x slower, strided); one transposing copy at the end
+        grad_pool_t = pool.new_zeros((pool.shape[1], R)) if grads else None  # [d, R]
         grad_pos = torch.empty_like(pos) if grads else None  # [P]
         chunks = _chunks(P, R, CHUNK_SHARED)
         hit_rows, hit_cols = accidental_hits(pool_ids, targets)  # [n_hits] each, rows ascending
@@ -203,7 +205,8 @@ class SharedSoftmaxLoss(torch.autograd.Function):
                 grad_pos[s:e] = -w
                 g = logits.mul_((w / total)[:, None])  # [c, R]
                 grad_u[s:e] = ops.matmul_nt(g, pool.T)  # G . pool
-                grad_pool += ops.matmul_nt(u[s:e].T, g.T).T  # G^T . u, as (u^T . G)^T (grlib/ops/matmul.py)
+                grad_pool_t += ops.matmul_nt(u[s:e].T, g.T)  # (G^T . u)^T = u^T . G (grlib/ops/matmul.py)
+        grad_pool = grad_pool_t.T.contiguous() if grads else None  # [R, d]
         ctx.save_for_backward(grad_u, grad_pool, grad_pos)
         if P == 0:
             return lse.sum()  # 0.0, as sampled_softmax gives for no tokens

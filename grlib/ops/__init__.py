@@ -25,7 +25,7 @@ from grlib.ops.registry import IMPLS, choose, implementations, runnable
 __all__ = [
     "IMPLS", "Jagged", "choose", "implementations", "offsets_from_lengths", "runnable",
     "jagged_to_padded", "padded_to_jagged", "segment_sum", "segment_mean", "segment_expand",
-    "hstu_attention", "uvqk_attention", "layer_norm_mul", "layer_norm_mul_dropout", "linear", "matmul_nt", "dropout_words", "lazy_adam_",
+    "hstu_attention", "uvqk_attention", "layer_norm_mul", "layer_norm_mul_dropout", "linear", "matmul_nt", "transpose_copy", "embedding_sum", "dropout_words", "lazy_adam_",
 ]
 
 
@@ -210,6 +210,32 @@ def matmul_nt(a: Tensor, b: Tensor, impl: str = "auto") -> Tensor:
 
     check_matmul_nt_args(a, b)
     return registry.resolve("matmul_nt", a.device, impl)(a, b)
+
+
+registry.register("embedding_sum", "reference", _loader("embedding", "embedding_sum_reference"))
+registry.register("embedding_sum", "cpu", _loader("cpu_train", "embedding_sum"))
+
+
+def embedding_sum(items: Tensor, actions: Tensor, gaps: Tensor, ids: Tensor, acts: Tensor, gap_idx: Tensor,
+                  scale: float, padding_idx: int | None = None, impl: str = "auto") -> Tensor:
+    """(items[ids] * scale + actions[acts]) + gaps[gap_idx]: tables [rows, d], indices [T] -> [T, d]
+    (grlib/ops/embedding.py)."""
+    from grlib.ops.embedding import check_embedding_sum_args
+
+    check_embedding_sum_args(items, actions, gaps, ids, acts, gap_idx)
+    return registry.resolve("embedding_sum", items.device, impl)(items, actions, gaps, ids, acts, gap_idx, scale,
+                                                                 padding_idx)
+
+
+registry.register("transpose_copy", "reference", _loader("matmul", "transpose_copy_reference"))
+registry.register("transpose_copy", "cpu", _loader("cpu_train", "transpose_copy"))
+
+
+def transpose_copy(x: Tensor, impl: str = "auto") -> Tensor:
+    """x [M, N] -> x^T [N, M] contiguous, no autograd (grlib/ops/matmul.py)."""
+    if x.dim() != 2:
+        raise ValueError(f"transpose_copy: x must be 2-D [M, N], got {tuple(x.shape)}")
+    return registry.resolve("transpose_copy", x.device, impl)(x)
 
 
 registry.register("dropout_words", "reference", _loader("dropout", "dropout_words_reference"))
