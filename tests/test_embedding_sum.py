@@ -71,10 +71,11 @@ def test_opcheck_and_errors():
 
 
 def test_model_embeddings_use_the_op_and_match_the_torch_sum():
-    """Embeddings.forward (local item table) goes through the op; with the item rows looked up ahead
-    it sums in torch ops; both give the same [T, d] bitwise."""
+    """Embeddings.forward over the local item table and over item rows looked up ahead (the op with a
+    table of T rows) give torch's sum bitwise, and the same table gradients."""
     from grlib.jagged import JaggedBatch
-    from grlib.model.embeddings import ITEM_ROWS, Embeddings
+    from grlib.model.embeddings import ITEM_ROWS, N_GAP_BUCKETS, Embeddings, time_gaps
+    from grlib.ops.attention import time_buckets
 
     torch.manual_seed(0)
     emb = Embeddings(50, 16)
@@ -84,5 +85,16 @@ def test_model_embeddings_use_the_op_and_match_the_torch_sum():
                         timestamps=torch.cumsum(torch.randint(0, 10_000, (T,)), 0),
                         offsets=ops.offsets_from_lengths(lengths), max_len=8, targets=torch.zeros(T, dtype=torch.long))
     fused = emb(batch)
-    batch.attachments[ITEM_ROWS] = emb.items(batch.item_ids)
-    assert torch.equal(fused, emb(batch))
+    fused.backward(torch.ones_like(fused))
+    table_grads = [p.grad.clone() for p in (emb.items.weight, emb.actions.weight, emb.gaps.weight)]
+    emb.zero_grad()
+    batch.attachments[ITEM_ROWS] = emb.items(batch.item_ids)  # the rows path: a table of T rows
+    ahead = emb(batch)
+    assert torch.equal(fused, ahead)
+    ahead.backward(torch.ones_like(ahead))
+    assert all(torch.equal(p.grad, g) for p, g in
+               zip((emb.items.weight, emb.actions.weight, emb.gaps.weight), table_grads))
+    with torch.no_grad():
+        reference = emb.items(batch.item_ids) * 4.0 + emb.actions(batch.actions) + emb.gaps(
+            time_buckets(time_gaps(batch.timestamps, batch.offsets), N_GAP_BUCKETS))
+    assert torch.equal(fused, reference)

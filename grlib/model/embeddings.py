@@ -2,9 +2,9 @@
 
 token embedding = sqrt(d) * item[id] + action[bitmask] + gap[log2 bucket of seconds since the
 user's previous event]   (the sqrt(d) scale follows HSTU's public input preprocessor); one op,
-grlib.ops.embedding_sum (the compiled kernel on CPU: one pass over the tokens each way), where the
-item rows come from the local table, else (rows looked up ahead, a row-sharded table) the same sum in
-torch ops
+grlib.ops.embedding_sum (the compiled kernel on CPU: one pass over the tokens each way), over the
+local item table, or over the item rows already looked up (rows looked up ahead, a row-sharded
+table's lookup) as a table of T rows that token t reads row t of
 
 The item table also scores (HSTU public practice: L2-normalised embeddings, temperature). The loss
 and the evaluation reach it only through the ItemTable interface, the seam where a row-sharded
@@ -76,8 +76,11 @@ class Embeddings(nn.Module):
         if rows is None and isinstance(self.items, nn.Embedding):  # the three lookups and the sum in one op
             return ops.embedding_sum(self.items.weight, self.actions.weight, self.gaps.weight, batch.item_ids,
                                      batch.actions, gap, math.sqrt(self.d), self.items.padding_idx)
-        items = self.items(batch.item_ids) if rows is None else rows  # [T, d]
-        return items * math.sqrt(self.d) + self.actions(batch.actions) + self.gaps(gap)
+        if rows is None:  # a row-sharded table: its lookup, then the same op over the looked-up rows
+            rows = self.items(batch.item_ids)  # [T, d]
+        tokens = torch.arange(rows.shape[0], device=rows.device)  # token t reads row t of `rows`
+        return ops.embedding_sum(rows, self.actions.weight, self.gaps.weight, tokens, batch.actions, gap,
+                                 math.sqrt(self.d))
 
     def lookup(self, ids: Tensor) -> Tensor:  # [N] ids -> [N, d], L2-normalised
         return F.normalize(self.items(ids), dim=-1)
