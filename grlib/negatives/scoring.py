@@ -206,7 +206,7 @@ class SharedSoftmaxLoss(torch.autograd.Function):
                 g = logits.mul_((w / total)[:, None])  # [c, R]
                 grad_u[s:e] = ops.matmul_nt(g, pool.T)  # G . pool
                 grad_pool_t += ops.matmul_nt(u[s:e].T, g.T)  # (G^T . u)^T = u^T . G (grlib/ops/matmul.py)
-        grad_pool = grad_pool_t.T.contiguous() if grads else None  # [R, d]
+        grad_pool = ops.transpose_copy(grad_pool_t) if grads else None  # [R, d]
         ctx.save_for_backward(grad_u, grad_pool, grad_pos)
         if P == 0:
             return lse.sum()  # 0.0, as sampled_softmax gives for no tokens

@@ -41,7 +41,6 @@ void check(const at::Tensor& items, const at::Tensor& actions, const at::Tensor&
                 t->scalar_type());
 }
 
-template <typename T>
 void check_range(const at::Tensor& idx, int64_t rows, const char* what) {
   const int64_t* p = idx.data_ptr<int64_t>();
   for (int64_t t = 0; t < idx.numel(); ++t)
@@ -104,10 +103,10 @@ at::Tensor embedding_sum(const at::Tensor& items, const at::Tensor& actions, con
   const at::Tensor it = items.contiguous(), ac = actions.contiguous(), gp = gaps.contiguous();
   const int64_t T_ = ids.numel(), d = items.size(1);
   at::Tensor out = at::empty({T_, d}, items.options());
+  check_range(ids, items.size(0), "ids");
+  check_range(acts, actions.size(0), "actions");
+  check_range(gi, gaps.size(0), "gap buckets");
   AT_DISPATCH_FLOATING_TYPES(items.scalar_type(), "embedding_sum", [&] {
-    check_range<scalar_t>(ids, items.size(0), "ids");
-    check_range<scalar_t>(acts, actions.size(0), "actions");
-    check_range<scalar_t>(gi, gaps.size(0), "gap buckets");
     const scalar_t s = static_cast<scalar_t>(scale);  // as torch multiplies by a Python float
     at::parallel_for(0, T_, std::max<int64_t>(1, 16384 / std::max<int64_t>(1, d)), [&](int64_t t0, int64_t t1) {
       forward_rows(it.data_ptr<scalar_t>(), ac.data_ptr<scalar_t>(), gp.data_ptr<scalar_t>(),
@@ -128,14 +127,14 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> embedding_sum_backward(
   const int64_t T_ = ids.numel(), d = grad.size(1), total = n_items + n_actions + n_gaps;
   auto opts = grad.options();
   at::Tensor di = at::empty({n_items, d}, opts), da = at::empty({n_actions, d}, opts), dg = at::empty({n_gaps, d}, opts);
+  check_range(ids, n_items, "ids");
+  check_range(acts, n_actions, "actions");
+  check_range(gi, n_gaps, "gap buckets");
+  const RowTokens ri(ids.data_ptr<int64_t>(), T_, n_items), ra(acts.data_ptr<int64_t>(), T_, n_actions),
+      rg(gi.data_ptr<int64_t>(), T_, n_gaps);
   AT_DISPATCH_FLOATING_TYPES(grad.scalar_type(), "embedding_sum_backward", [&] {
-    check_range<scalar_t>(ids, n_items, "ids");
-    check_range<scalar_t>(acts, n_actions, "actions");
-    check_range<scalar_t>(gi, n_gaps, "gap buckets");
     const scalar_t s = static_cast<scalar_t>(scale);
     const scalar_t* g = grad.data_ptr<scalar_t>();
-    const RowTokens ri(ids.data_ptr<int64_t>(), T_, n_items), ra(acts.data_ptr<int64_t>(), T_, n_actions),
-        rg(gi.data_ptr<int64_t>(), T_, n_gaps);
     // the rows of the three tables back to back; a worker takes a range and fills each table's share
     at::parallel_for(0, total, 256, [&](int64_t r0, int64_t r1) {
       const int64_t a0 = n_items, g0 = n_items + n_actions;
