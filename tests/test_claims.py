@@ -201,7 +201,7 @@ def test_report_shows_every_claim_at_every_scale(isolated_outputs):
     assert mfu["ours"].to_list() == ["27.8%", "25.8%"]
     assert mfu["verdict"].to_list() == ["not met", "not met"] and set(mfu["paper"]) == {"54.71%"}
     assert "(preset)" in mfu["check"][0] and "(preset)" not in mfu["check"][1]
-    assert ("250.0 ms/step; of the nominal peak 432 GFLOP/s; 33.3% of the fp32 GEMM peak measured in the run "
+    assert ("250.0 ms/step; of the nominal fp32 peak 432 GFLOP/s; 33.3% of the fp32 GEMM peak measured in the run "
             "(360 GFLOP/s); padded reference 15.8%") in mfu["obtained"][0]
     assert "(360 GFLOP/s; the row records no nominal peak); padded reference 18.9%" in mfu["obtained"][1]
 
@@ -267,6 +267,19 @@ def test_report_verdicts_read_the_registry(isolated_outputs, monkeypatch):
     _with_bound(monkeypatch, "W1.quality", "NDCG@10 vs popularity", Figure(2.5, "x"))
     _with_bound(monkeypatch, "C7.mfu", "MFU", Figure(30, "%"))
     assert verdict("W1.quality") == [False] and verdict("C7.mfu") == [True]
+
+
+def test_bf16_bench_rows_are_a_c7_row_of_their_own(isolated_outputs):
+    cfg = load_config("laptop")
+    results.append_rows("bench_train", _bench_train_rows(2, 0.333, nominal=True), cfg)  # rows without `precision`
+    bf16 = [dict(r, precision="bf16", peak_flops=8.4e11, nominal_peak_flops=9.2e11)
+            for r in _bench_train_rows(2, 0.21, nominal=True)]
+    results.append_rows("bench_train", bf16, cfg)  # newer, but of another precision: both stand
+    mfu = report.claims("laptop").filter(pl.col("target") == "C7.mfu")
+    assert mfu["ours"].to_list() == ["27.8%", "17.5%"]
+    assert "bf16 mode" not in mfu["check"][0] and "(preset), bf16 mode:" in mfu["check"][1]
+    assert "of the nominal bf16 peak 920 GFLOP/s; 21% of the bf16 GEMM peak measured in the run (840 GFLOP/s)" \
+        in mfu["obtained"][1]
 
 
 def _scaling_rows(error: float) -> list[dict]:

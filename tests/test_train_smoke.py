@@ -12,7 +12,8 @@ from grlib.experiments import claims, data_stage, report, train_stage
 def test_smoke_stage_chain(isolated_outputs):
     cfg = load_config("smoke")
     data_stage.run(cfg)
-    out = train_stage.run(cfg, load_ablation("train", {"seeds": [0, 1], "datasets": ["scale"], "max_steps": [0]}))
+    out = train_stage.run(cfg, load_ablation("train", {"seeds": [0, 1], "datasets": ["scale"], "max_steps": [0],
+                                                       "precisions": ["fp32", "bf16"]}))
     table = out["table"]
     assert set(table["model"]) == {"hstu", "sasrec", "popularity"} and table.height == 6
     assert set(table["dataset"]) == {"synthetic"} and not table["mask_history"].any()  # the twin has repeats
@@ -27,9 +28,20 @@ def test_smoke_stage_chain(isolated_outputs):
     assert results.read_table("train_curves").height == out["curves"].height
     metrics = json.loads(results.metrics_path("train", "smoke").read_text())
     assert set(metrics) >= {"synthetic/hstu", "synthetic/sasrec", "synthetic/popularity", "skipped"}
+    bf16 = out["precision"]  # HSTU again in bf16, per seed, to a table of its own
+    assert bf16.height == 2 and set(bf16["precision"]) == {"bf16"} and set(bf16["model"]) == {"hstu"}
+    assert bf16["run_id"].to_list() == table["run_id"][:2].to_list()  # the train run's id: compared within it
+    fp32 = table.filter(table["model"] == "hstu")
+    assert bf16["final_loss"].to_list() != fp32["final_loss"].to_list()  # a different computation, trained
+    ps = out["precision_summary"].row(0, named=True)
+    assert ps["seeds"] == ps["fp32_seeds"] == 2 and math.isclose(ps["fp32_ndcg@10"], fp32["test_ndcg@10"].mean())
+    assert math.isclose(ps["in_fp32_stds"], abs(ps["test_ndcg@10"] - ps["fp32_ndcg@10"]) / ps["fp32_ndcg@10_std"])
+    assert metrics["precision"][0]["precision"] == "bf16"
     rep = report.run("smoke")
     assert rep["summary"].height == 3 and all(p.exists() for p in rep["figures"])
     assert results.read_table("train").height == 6
+    c7 = rep["claims"].filter(rep["claims"]["target"] == "C7.bf16").row(0, named=True)
+    assert c7["ours"] == f"{ps['in_fp32_stds']:.2f}" and c7["met"] == (ps["in_fp32_stds"] <= 1)
 
 
 def test_preset_table_counts_every_scale():

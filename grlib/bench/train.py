@@ -22,6 +22,11 @@ The baselines of the same run: the `reference` (padded) attention, and the model
 GEMM shapes timed alone (`gemm_share_of_peak`: what the projections reach by themselves). `mfu_with_loss` adds the
 sampled softmax's logit products (perf.loss_flops), which the HSTU formula leaves out. Rows record
 the OpenMP wait policy and threads (grlib.threads) and go to results/tables/bench_train.parquet.
+
+`--precision bf16` runs the same table with model.precision = bf16 (HSTU's projections on bf16
+copies of the fp32 weights: grlib.model.hstu) and divides by the bf16 peaks, measured (bf16 GEMMs,
+oneDNN's AVX512-BF16 code on CPUs that have it) and nominal (grlib.hardware.nominal: the bf16 FLOP
+per cycle of the CPU's units); the loss keeps negatives.precision. Every row records `precision`.
 """
 from __future__ import annotations
 
@@ -38,9 +43,11 @@ from torch import nn
 from grlib import hardware, ops, perf, results, threads
 from grlib.bench.common import positive_int, print_table, set_threads, thread_columns
 from grlib.config import config_from_args
+from grlib.config.choices import MODEL_PRECISIONS
 from grlib.data.catalog import load_dataset
 from grlib.experiments.measure import median_ms
 from grlib.model import build_model, parameter_count
+from grlib.model.hstu import COMPUTE_DTYPES
 from grlib.ops import registry
 from grlib.negatives import build_negative_path
 from grlib.train.optim import Optimizers
@@ -55,6 +62,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--compile", action=argparse.BooleanOptionalAction, default=True,
                    help="add the torch.compile row of the plain-PyTorch model (default: on)")
     p.add_argument("--top", type=int, default=15, help="top ops to print from a profile of the auto row (0: none)")
+    p.add_argument("--precision", choices=MODEL_PRECISIONS, default="fp32",
+                   help="model.precision of every row; MFU against the peaks of that dtype (default: fp32)")
     p.add_argument("--threads", type=positive_int, default=None,
                    help="torch threads (default: grlib's, see grlib.threads)")
 
@@ -118,10 +127,10 @@ def _time_steps(cfg, data, batches, warmup: int, compiled: bool = False) -> tupl
     return records, warmup_s
 
 
-def _gemm_share(T: int, d: int, peak: float) -> float:
+def _gemm_share(T: int, d: int, peak: float, dtype: torch.dtype = torch.float32) -> float:
     """FLOP/s of the layer's projection GEMMs at this batch's shape ([T, d] x [d, 4d], [T, d] x [d, d]),
-    through the model's grlib.ops.linear, / peak."""
-    x, w1, w2 = torch.randn(T, d), torch.randn(4 * d, d), torch.randn(d, d)
+    through the model's grlib.ops.linear in `dtype`, / peak."""
+    x, w1, w2 = (torch.randn(*s, dtype=dtype) for s in ((T, d), (4 * d, d), (d, d)))
     ms = median_ms(lambda: (ops.linear(x, w1), ops.linear(x, w2)), repeats=5, warmup=2)
     return 2 * T * d * 5 * d / (ms / 1e3) / peak
 
@@ -144,20 +153,21 @@ def top_ops(cfg, data, batches, n: int, steps: int = 3) -> list[dict]:
 
 def run(args: argparse.Namespace) -> list[dict]:
     set_threads(args.threads)
-    cfg = config_from_args(args, {"model.name": "hstu"})  # -o model.d_model=512: MFU at another shape
+    cfg = config_from_args(args, {"model.name": "hstu", "model.precision": args.precision})  # -o model.d_model=512
     impls = ops.runnable("hstu_attention", "cpu") if args.impls == "all" else tuple(args.impls.split(","))
     auto = ops.choose("hstu_attention", "cpu", "auto")
     variants = [(impl, False) for impl in impls] + ([("reference", True)] if args.compile else [])
     data, batches = _batches(cfg, max(args.warmup, 3) + args.steps)
-    nominal = hardware.nominal_peak("float32", threads=torch.get_num_threads())
-    with perf.measured_peak() as measured:
+    dtype = COMPUTE_DTYPES[cfg.model.precision]
+    nominal = hardware.nominal_peak(str(dtype).removeprefix("torch."), threads=torch.get_num_threads())
+    with perf.measured_peak(dtype=dtype) as measured:
         timed = {(impl, compiled): _time_steps(cfg.replace({"model.attention_impl": impl}), data, batches,
                                                max(args.warmup, 3) if compiled else args.warmup, compiled)
                  for impl, compiled in variants}
     peaks, peak = (measured.before, measured.after), measured.flops
     load = os.getloadavg()[0]
     T = int(np.mean([b.item_ids.numel() for b in batches]))
-    gemm = _gemm_share(T, cfg.model.d_model, peak)
+    gemm = _gemm_share(T, cfg.model.d_model, peak, dtype)
     count = parameter_count(build_model(cfg.model, data.n_items, cfg.data.max_len, device="meta"))
     rows, base = [], None
     for (impl, compiled), (recs, warmup_s) in timed.items():
@@ -168,6 +178,7 @@ def run(args: argparse.Namespace) -> list[dict]:
         n_warm = max(args.warmup, 3) if compiled else args.warmup
         rows.append({
             "attention_impl": impl, "compiled": compiled, "auto": impl == auto and not compiled,
+            "precision": cfg.model.precision,
             "d_model": cfg.model.d_model, "n_layers": cfg.model.n_layers,
             "n_heads": cfg.model.n_heads, "batch": cfg.train.batch_size, "max_len": cfg.data.max_len,
             "params": count.total, "tokens_per_step": T, "real_fraction": T / (cfg.train.batch_size * cfg.data.max_len),
@@ -175,7 +186,7 @@ def run(args: argparse.Namespace) -> list[dict]:
             "step_cpu_ms": statistics.median(r["on_cpu_s"] for r in recs) * 1e3,
             "compile_s": max(0.0, warmup_s - n_warm * step_ms / 1e3) if compiled else 0.0,
             **{f"{p}_share": sum(r[f"{p}_s"] for r in recs) / total_s for p in PHASES if p != "data"},
-            "peak_flops": peak, "peak_before": peaks[0], "peak_after": peaks[1], "gemm_share_of_peak": gemm,
+            "peak_dtype": measured.dtype, "peak_flops": peak, "peak_before": peaks[0], "peak_after": peaks[1], "gemm_share_of_peak": gemm,
             **{f"peak_{lib}": v for lib, v in measured.per_library.items()},
             "nominal_peak_flops": nominal.flops, "nominal_peak_how": nominal.how,
             "mfu": perf.mfu(flops, total_s, peak), "mfu_nominal": perf.mfu(flops, total_s, nominal.flops),
@@ -190,7 +201,8 @@ def run(args: argparse.Namespace) -> list[dict]:
                                     "forward_share", "loss_share", "backward_share", "optimizer_share",
                                     "gemm_share_of_peak", "mfu", "mfu_nominal", "mfu_on_cpu", "mfu_with_loss",
                                     "speedup_vs_reference")} for r in rows],
-                f"bench train: scale {cfg.scale}, HSTU {cfg.model.n_layers}x{cfg.model.n_heads} d={cfg.model.d_model}, "
+                f"bench train: scale {cfg.scale}, HSTU {cfg.model.n_layers}x{cfg.model.n_heads} d={cfg.model.d_model} "
+                f"({cfg.model.precision}; loss {cfg.negatives.precision}), "
                 f"{count}; batch {cfg.train.batch_size} x max_len {cfg.data.max_len} ({T} tokens per step); "
                 f"{args.steps} timed steps each; {threads.describe()}; load average {load:.2f}\n"
                 f"mfu: against the {measured.describe()}\n"

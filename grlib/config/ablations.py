@@ -27,10 +27,20 @@ class TrainAblation:
     # {"ml-100k": {"negatives.temperature": 0.2}}; a dataset without an entry trains with the scale's
     # settings. Checked like load_config's overrides (unknown keys and bad values are errors)
     overrides: dict[str, Any] = field(default_factory=dict)
+    # model.precision of HSTU's runs: fp32 (the `train` table) and any other (bf16: the same datasets, seeds
+    # and budgets again, to table `train_precision`, compared with fp32 by train_stage.precision_summary)
+    precisions: list[str] = field(default_factory=lambda: ["fp32"])
 
     def __post_init__(self) -> None:
         for m in self.models:
             check(m in choices.MODELS, "ablations.train.models", f"unknown model {m!r}")
+        for p in self.precisions:
+            one_of(p, choices.MODEL_PRECISIONS, "ablations.train.precisions")
+        check(self.precisions[:1] == ["fp32"] and len(set(self.precisions)) == len(self.precisions),
+              "ablations.train.precisions", f"must start with fp32 (the baseline) and name each once, "
+              f"got {self.precisions}")
+        check(self.precisions == ["fp32"] or "hstu" in self.models, "ablations.train.precisions",
+              f"{self.precisions[1:]} train HSTU, which ablations.train.models {self.models} leaves out")
         check(len(self.seeds) >= 1, "ablations.train.seeds", "needs at least one seed")
         check(len(self.datasets) >= 1, "ablations.train.datasets", "needs at least one dataset")
         for d in self.datasets:

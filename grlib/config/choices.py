@@ -12,6 +12,7 @@ CONTEXTS = ("all", "targets")  # data.context: history tokens are all impression
 
 # model
 MODELS = ("hstu", "sasrec", "popularity")  # model.name, ablations.train.models
+MODEL_PRECISIONS = ("fp32", "bf16")  # model.precision: the encoder's projection GEMMs (grlib.model.hstu)
 IMPLS = ("reference", "fbgemm", "cpu", "triton", "npu", "loop", "loop_compile", "onednn")  # operator implementations: ablations.kernels.impls
 
 # negatives

@@ -47,6 +47,7 @@ class ModelConfig:
     d_model: int = 32  # item embedding and hidden size; per-head dims are d_model // n_heads
     dropout: float = 0.2
     attention_impl: str = "auto"  # auto or one of choices.IMPLS (resolved and checked by grlib.ops)
+    precision: str = "fp32"  # choices.MODEL_PRECISIONS; bf16: HSTU's projections on bf16 copies (grlib.model.hstu)
 
     def __post_init__(self) -> None:
         one_of(self.name, choices.MODELS, "model.name")
@@ -55,6 +56,9 @@ class ModelConfig:
         check(self.d_model % self.n_heads == 0, "model.d_model",
               f"{self.d_model} is not divisible by model.n_heads={self.n_heads}")
         check(0.0 <= self.dropout < 1.0, "model.dropout", f"must be in [0, 1), got {self.dropout}")
+        one_of(self.precision, choices.MODEL_PRECISIONS, "model.precision")
+        check(self.precision == "fp32" or self.name == "hstu", "model.precision",
+              f"{self.precision} is implemented for model.name=hstu only, got {self.name}")
 
 
 @dataclass(frozen=True)

@@ -158,12 +158,15 @@ def _mfu(scale: str) -> list[Found]:
     if table.height == 0:
         return []
     mfu, preset = registry.target("C7.mfu"), _preset(scale)
-    rows = results.latest(table.filter(pl.col("auto")), SHAPE).to_dicts()
-    rows.sort(key=lambda r: (tuple(r[k] for k in SHAPE) != preset, *(r[k] for k in SHAPE)))
+    table = table.with_columns((pl.col("precision").fill_null("fp32") if "precision" in table.columns
+                                else pl.lit("fp32")).alias("precision"))  # rows before bf16 mode: fp32
+    rows = results.latest(table.filter(pl.col("auto")), [*SHAPE, "precision"]).to_dicts()
+    rows.sort(key=lambda r: (tuple(r[k] for k in SHAPE) != preset, *(r[k] for k in SHAPE), r["precision"] != "fp32"))
     found = []
     for r in rows:
         shape = tuple(r[k] for k in SHAPE)
-        ref = table.filter((pl.col("run_id") == r["run_id"]) & (pl.col("attention_impl") == "reference"))
+        ref = table.filter((pl.col("run_id") == r["run_id"]) & (pl.col("attention_impl") == "reference")
+                           & ~(pl.col("compiled").fill_null(False) if "compiled" in table.columns else pl.lit(False)))
         # the paper's figure divides by a nominal peak (NVIDIA's convention): the verdict reads mfu_nominal,
         # and the MFU against the GEMM peak measured in the same run stands beside it
         nominal = r.get("mfu_nominal")
@@ -171,8 +174,8 @@ def _mfu(scale: str) -> list[Found]:
         how = (f"bench_train run {r['run_id']} ({r['timestamp'][:10]}): {r['attention_impl']} attention, "
                f"{r['step_ms']:.1f} ms/step; ")
         if nominal is not None:
-            how += (f"of the nominal peak {r['nominal_peak_flops'] / 1e9:.0f} GFLOP/s; "
-                    f"{Figure.of(r['mfu'], mfu.unit).short()} of the fp32 GEMM peak measured in the run "
+            how += (f"of the nominal {r['precision']} peak {r['nominal_peak_flops'] / 1e9:.0f} GFLOP/s; "
+                    f"{Figure.of(r['mfu'], mfu.unit).short()} of the {r['precision']} GEMM peak measured in the run "
                     f"({r['peak_flops'] / 1e9:.0f} GFLOP/s)")
         else:
             how += (f"of the fp32 GEMM peak measured in the run ({r['peak_flops'] / 1e9:.0f} GFLOP/s; "
@@ -182,9 +185,28 @@ def _mfu(scale: str) -> list[Found]:
             how += f"; padded reference {Figure.of(ref_value, mfu.unit).short()}"
         found.append(Found(mfu.key, f"HSTU {r['n_layers']}x{r['n_heads']} d={r['d_model']} ({r['params'] / 1e6:.1f}M "
                                     f"parameters), batch {r['batch']} x max_len {r['max_len']}"
-                                    f"{' (preset)' if shape == preset else ''}: {mfu.threshold}",
+                                    f"{' (preset)' if shape == preset else ''}"
+                                    f"{'' if r['precision'] == 'fp32' else ', ' + r['precision'] + ' mode'}: {mfu.threshold}",
                            Figure.of(value, mfu.unit).short(), how, mfu.met(value)))
     return found
+
+
+def _bf16(scale: str) -> list[Found]:
+    """C7.bf16: the newest train_precision run against the fp32 HSTU rows of the same train run."""
+    run = _latest_run("train_precision", scale)
+    if run.height == 0:
+        return []
+    from grlib.experiments.train_stage import precision_summary
+
+    train = results.read_table("train", scale)
+    fp32 = train.filter(pl.col("run_id") == run["run_id"][0]) if train.height else train
+    t, note = registry.target("C7.bf16"), _run_note(run, "train_precision")
+    return [Found(t.key, f"{r['dataset']} · {r['precision']}: {t.threshold}", f"{r['in_fp32_stds']:.2f}",
+                  f"{note}: NDCG@10 {r['test_ndcg@10']:.4f} ± {r['test_ndcg@10_std']:.4f} vs fp32 "
+                  f"{r['fp32_ndcg@10']:.4f} ± {r['fp32_ndcg@10_std']:.4f} ({r['change']:+.1%}; {r['seeds']} and "
+                  f"{r['fp32_seeds']} seeds), tokens/s {r['tokens_per_s_vs_fp32']:.2f}x fp32's",
+                  t.met(r["in_fp32_stds"]))
+            for r in precision_summary(fp32, run).iter_rows(named=True)]
 
 
 def _balance(scale: str) -> list[Found]:
@@ -245,7 +267,7 @@ def _scaling(scale: str) -> list[Found]:
 
 READERS: dict[str, Callable[[str], list[Found]]] = {
     "balance": _balance, "semi_async": _semi_async, "kernels": _kernels, "negatives": _negatives, "sparse": _sparse, "train": _quality,
-    "scaling": _scaling,
+    "scaling": _scaling, "train_precision": _bf16,
     "bench_train": _mfu}
 
 

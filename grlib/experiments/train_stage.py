@@ -9,6 +9,11 @@ own. Each dataset trains with the scale's settings and that dataset's overrides
 of the scale's and the dataset's step budget. A real dataset whose file is absent is skipped with
 its reason (listed in `run`'s result and in the metrics JSON), never replaced.
 
+`ablations.train.precisions` beyond fp32 (bf16) train HSTU again on every dataset and seed with that
+model.precision (grlib.model.hstu: the projections on bf16 copies of the fp32 weights), to table
+`train_precision`; `precision_summary` compares each with the fp32 HSTU rows of the same run (the
+quality check of a bf16 training mode: test NDCG@10 within one fp32 seed-std).
+
 PEERS: a peer library's figures on the same data and protocol (with their source), shown beside ours
 in `summary` (and checked by the claims registry's W1.peer).
 """
@@ -32,6 +37,7 @@ from grlib.data.download import DownloadError
 from grlib.data.schema import FIRST_ITEM_ID
 from grlib.evaluate import evaluate, last_token_scores, popularity_scores
 from grlib.model import build_model, parameter_count
+from grlib.model.hstu import COMPUTE_DTYPES
 from grlib.train import PHASES, train
 
 
@@ -157,7 +163,8 @@ def fit_rank(runtime, cfg: Config, dataset: str, dist_cfg: DistConfig, checkpoin
     ds = load_dataset(cfg, dataset)
     if runtime.topology.rank == 0:
         runtime.barrier()
-    peak = perf.peak_flops() if measure_peak and cfg.model.name != "popularity" else None
+    peak = perf.peak_flops(COMPUTE_DTYPES[cfg.model.precision]) if measure_peak and cfg.model.name != "popularity" \
+        else None  # the GEMM peak of the model's precision
     fit = fit_and_evaluate(cfg, ds, peak, checkpoint_dir=checkpoint_dir, checkpoint_every=checkpoint_every,
                            runtime=runtime, dist_cfg=dist_cfg)
     return {"rank": runtime.topology.rank, "dataset": ds.name, "row": fit.row, "losses": fit.losses}
@@ -177,7 +184,8 @@ def run(cfg: Config, ablation: TrainAblation) -> dict:
     {"table": this run's rows, "curves": curve rows, "summary": mean/std per dataset x model,
     "skipped": {dataset: reason}}."""
     peak = perf.peak_flops() if any(m != "popularity" for m in ablation.models) else None
-    rows, curves, skipped = [], [], {}
+    rows, curves, skipped, precision_rows = [], [], {}, []
+    peaks = {p: perf.peak_flops(COMPUTE_DTYPES[p]) for p in ablation.precisions[1:]}  # a bf16 run's MFU: the bf16 peak
     caps = ablation.max_steps or [0] * len(ablation.datasets)
     for name, cap in zip(ablation.datasets, caps):
         ds_cfg = cfg.replace(ablation.dataset_overrides(name))  # the dataset's own settings (e.g. ML-100K's loss)
@@ -196,18 +204,31 @@ def run(cfg: Config, ablation: TrainAblation) -> dict:
                 rows.append({**key, **{k: v for k, v in fit.row.items() if k != "resumed_from"},
                              "overrides": json.dumps(ablation.dataset_overrides(name), sort_keys=True)})
                 curves += [{**key, **c} for c in fit.curve]
+        for precision in ablation.precisions[1:]:  # HSTU again in each other precision (bf16)
+            for seed in ablation.seeds:
+                run_cfg = ds_cfg.replace({"model.name": "hstu", "model.precision": precision, "train.seed": seed,
+                                          "train.max_steps": step_budget(ds_cfg.train.max_steps, cap)})
+                fit = fit_and_evaluate(run_cfg, ds, peaks[precision])
+                precision_rows.append({"dataset": ds.name, "model": "hstu", "precision": precision, "seed": seed,
+                                       **{k: v for k, v in fit.row.items() if k != "resumed_from"}})
     if not rows:
         raise FileNotFoundError(f"no dataset of ablations.train.datasets could be loaded: {skipped}")
     table = results.append_rows("train", rows, cfg)
     if curves:
         results.append_rows("train_curves", curves, cfg, run_id=table["run_id"][0])
     summ = summary(table)
-    results.write_metrics("train", {"scale": cfg.scale, "skipped": skipped, "peak_flops": peak, **{
+    precision = pl.DataFrame()
+    if precision_rows:
+        precision = results.append_rows("train_precision", precision_rows, cfg, run_id=table["run_id"][0])
+    psumm = precision_summary(table, precision)
+    results.write_metrics("train", {"scale": cfg.scale, "skipped": skipped, "peak_flops": peak,
+                                    "precision": psumm.to_dicts(), **{
         f"{r['dataset']}/{r['model']}": {k: r[k] for k in ("test_ndcg@10", "test_ndcg@10_std", "test_hr@10",
                                                            "vs_popularity", "peer_ndcg@10", "vs_peer_sasrec",
                                                            "seeds")}
         for r in summ.iter_rows(named=True)}}, scale=cfg.scale)
-    return {"table": table, "curves": pl.DataFrame(curves), "summary": summ, "skipped": skipped}
+    return {"table": table, "curves": pl.DataFrame(curves), "summary": summ, "skipped": skipped,
+            "precision": precision, "precision_summary": psumm}
 
 
 def step_budget(scale_cap: int, dataset_cap: int) -> int:
@@ -235,6 +256,29 @@ def summary(table: pl.DataFrame) -> pl.DataFrame:
                              (pl.col("test_ndcg@10") / pl.col("_peer")).alias("vs_peer_sasrec"))
             .drop("_pop", "_peer").with_columns(pl.col("test_ndcg@10_std", "test_hr@10_std").fill_null(0.0))
             .sort("dataset", "test_ndcg@10", descending=[False, True]))
+
+
+def precision_summary(table: pl.DataFrame, precision: pl.DataFrame) -> pl.DataFrame:
+    """Per dataset and precision of `precision` (rows of table train_precision): HSTU's test NDCG@10 mean
+    and std over seeds beside the fp32 HSTU rows of `table` (the same run's `train` rows), the change
+    (`change`: other / fp32 - 1), the difference in fp32 seed-stds (`in_fp32_stds`: |other - fp32| / fp32
+    std, the check: <= 1), and the training throughput's ratio (`tokens_per_s_vs_fp32`)."""
+    if precision.height == 0:
+        return pl.DataFrame()
+    fp32 = (table.filter(pl.col("model") == "hstu").group_by("dataset")
+            .agg(pl.col("test_ndcg@10").mean().alias("fp32_ndcg@10"),
+                 pl.col("test_ndcg@10").std().fill_null(0.0).alias("fp32_ndcg@10_std"),
+                 pl.col("tokens_per_s").mean().alias("_fp32_tps"), pl.len().alias("fp32_seeds")))
+    other = (precision.group_by("dataset", "precision")
+             .agg(pl.col("test_ndcg@10").mean(), pl.col("test_ndcg@10").std().fill_null(0.0).alias("test_ndcg@10_std"),
+                  pl.col("tokens_per_s").mean().alias("_tps"), pl.len().alias("seeds")))
+    diff = (pl.col("test_ndcg@10") - pl.col("fp32_ndcg@10")).abs()
+    return (other.join(fp32, on="dataset", how="left")
+            .with_columns((pl.col("test_ndcg@10") / pl.col("fp32_ndcg@10") - 1).alias("change"),
+                          pl.when(pl.col("fp32_ndcg@10_std") > 0).then(diff / pl.col("fp32_ndcg@10_std"))
+                          .otherwise(pl.when(diff == 0).then(0.0).otherwise(float("inf"))).alias("in_fp32_stds"),
+                          (pl.col("_tps") / pl.col("_fp32_tps")).alias("tokens_per_s_vs_fp32"))
+            .drop("_tps", "_fp32_tps").sort("dataset", "precision"))
 
 
 def curves_chart(curves: pl.DataFrame) -> alt.Chart:
@@ -292,6 +336,8 @@ def speed_table(table: pl.DataFrame) -> pl.DataFrame:
             .agg(pl.col("tokens_per_s").mean(), pl.col("mfu").mean(), pl.col("attention_impl").first())
             .with_columns(pl.lit("train stage").alias("source")))
     bench = results.read_table("bench_train")
+    if "precision" in bench.columns:  # the fp32 rows (bench train --precision bf16 writes rows of its own)
+        bench = bench.filter(pl.col("precision").fill_null("fp32") == "fp32")
     if bench.height:
         bench = (results.latest(bench, ["attention_impl"])
                  .select("scale", pl.lit("(bench batches)").alias("dataset"), pl.lit("hstu").alias("model"),

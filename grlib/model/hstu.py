@@ -13,7 +13,15 @@ them), and LayerNorm(A) * U without dropout (eval) grlib.ops.layer_norm_mul.
 The split, the SiLU and the attention are one op, grlib.ops.uvqk_attention: with the compiled CPU
 kernel, SiLU(Q, K, V) is applied inside the attention's tiles and never written out.
 
-The projections are grlib.ops.linear (oneDNN on CPU). Dropout is grlib.model.dropout.FastDropout
+The projections are grlib.ops.linear (oneDNN on CPU). With model.precision = bf16 (mixed precision,
+torch.autocast's rules for a linear layer): each projection multiplies bf16 copies of its input and
+of its fp32 weight and bias (oneDNN: bf16 products, fp32 accumulation, bf16 output), so U, V, Q, K
+are bf16 [T, 4d]; the attention kernel reads them and computes in fp32, rounding its output to bf16
+once; LayerNorm(A) * U and its dropout compute in fp32 and round to bf16; the output projection's
+bf16 result joins the fp32 residual stream X. The weight and bias gradients reach the fp32 masters
+through the copies (rounded to bf16 once), the optimizer updates fp32 weights, and the embeddings,
+the input LayerNorm, the final LayerNorm and normalisation, and the loss stay fp32 (the loss's
+precision is negatives.precision). Dropout is grlib.model.dropout.FastDropout
 (16-bit random words; nn.Dropout's serial Bernoulli draws took 12% of a laptop training step).
 
 The encoder maps a JaggedBatch to one L2-normalised vector per token ([T, d]).
@@ -34,22 +42,31 @@ N_POS_BUCKETS = 128  # relative positions i - j >= 127 share one bucket
 N_TIME_BUCKETS = 32  # log2 buckets of |t_i - t_j| in seconds
 
 
+COMPUTE_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}  # model.precision -> the projections' dtype
+
+
 class Linear(nn.Linear):
     """nn.Linear (same parameters and init) whose product is grlib.ops.linear: on CPU through oneDNN
-    (MKL's sgemm takes its AVX2 path on AMD CPUs; grlib/ops/matmul.py)."""
+    (MKL's sgemm takes its AVX2 path on AMD CPUs; grlib/ops/matmul.py). With compute_dtype bf16, the
+    product of bf16 copies of x, weight and bias (the module doc); the parameters stay fp32."""
 
-    def forward(self, x: Tensor) -> Tensor:
-        return ops.linear(x, self.weight, self.bias)
+    def __init__(self, in_features: int, out_features: int, compute_dtype: torch.dtype = torch.float32):
+        super().__init__(in_features, out_features)
+        self.compute_dtype = compute_dtype
+
+    def forward(self, x: Tensor) -> Tensor:  # [T, in] -> [T, out] in compute_dtype
+        dt = self.compute_dtype
+        return ops.linear(x.to(dt), self.weight.to(dt), self.bias.to(dt))
 
 
 class HSTULayer(nn.Module):
-    def __init__(self, d: int, n_heads: int, dropout: float, attention_impl: str):
+    def __init__(self, d: int, n_heads: int, dropout: float, attention_impl: str, precision: str = "fp32"):
         super().__init__()
         self.n_heads, self.dh, self.impl = n_heads, d // n_heads, attention_impl
         self.norm_in = nn.LayerNorm(d)
-        self.uvqk = Linear(d, 4 * d)
+        self.uvqk = Linear(d, 4 * d, COMPUTE_DTYPES[precision])
         self.norm_attn = nn.LayerNorm(d)
-        self.out = Linear(d, d)
+        self.out = Linear(d, d, COMPUTE_DTYPES[precision])
         self.dropout = FastDropout(dropout)
         self.pos_bias = nn.Parameter(torch.zeros(n_heads, N_POS_BUCKETS))
         self.time_bias = nn.Parameter(torch.zeros(n_heads, N_TIME_BUCKETS))
@@ -58,7 +75,7 @@ class HSTULayer(nn.Module):
         T = x.shape[0]
         if T == 0:  # a batch of empty sequences: nothing to attend (the padded reference cannot view 0 tokens);
             return self.dropout(x)  # the dropout still draws (a data-parallel rank keeps the global stream)
-        z = self.uvqk(self.norm_in(x))  # [T, 4d]: u | v | q | k before SiLU
+        z = self.uvqk(self.norm_in(x))  # [T, 4d]: u | v | q | k before SiLU (bf16 under model.precision bf16)
         u, attn = ops.uvqk_attention(z, self.n_heads, batch.offsets, batch.max_len, pos_bias=self.pos_bias,
                                      time_bias=self.time_bias, timestamps=batch.timestamps,
                                      impl=self.impl)  # [T, d], [T, H, dh]
@@ -68,7 +85,7 @@ class HSTULayer(nn.Module):
                                            eps=norm.eps)
         else:
             y = ops.layer_norm_mul(a, u, norm.weight, norm.bias, eps=norm.eps)
-        return x + self.out(y)
+        return x + self.out(y)  # fp32 [T, d] (a bf16 projection is widened by the sum)
 
 
 class HSTU(nn.Module):
@@ -78,7 +95,8 @@ class HSTU(nn.Module):
         self.embed = Embeddings(n_items, cfg.d_model)
         self.dropout = FastDropout(cfg.dropout)
         self.layers = nn.ModuleList(
-            HSTULayer(cfg.d_model, cfg.n_heads, cfg.dropout, cfg.attention_impl) for _ in range(cfg.n_layers))
+            HSTULayer(cfg.d_model, cfg.n_heads, cfg.dropout, cfg.attention_impl, cfg.precision)
+            for _ in range(cfg.n_layers))
         self.norm = nn.LayerNorm(cfg.d_model)
 
     def forward(self, batch: JaggedBatch) -> Tensor:  # -> [T, d], L2-normalised
