@@ -251,7 +251,7 @@ TARGETS: dict[str, Target] = index((
                               "beside it the same over the fp32 GEMM peak measured in the same run")),
     Target("C7.bf16", "test NDCG@10 of HSTU trained in bf16 (projections on bf16 copies of fp32 weights) vs fp32, "
                       "mean over seeds, per dataset", None,
-           (Bound("|bf16 - fp32| in fp32 seed-stds", "<=", Figure(1, "ratio")),), "train_precision",
+           (Bound("bf16 - fp32 difference in fp32 seed-stds", "<=", Figure(1, "ratio")),), "train_precision",
            "grlib.experiments.train_stage.precision_summary",
            Method("measured", "train stage: HSTU per seed in bf16 with the fp32 runs' data, settings and budget; "
                               "against the fp32 HSTU rows of the same run")),
