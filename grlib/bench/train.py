@@ -188,7 +188,7 @@ def run(args: argparse.Namespace) -> list[dict]:
             **{f"{p}_share": sum(r[f"{p}_s"] for r in recs) / total_s for p in PHASES if p != "data"},
             "peak_dtype": measured.dtype, "peak_flops": peak, "peak_before": peaks[0], "peak_after": peaks[1], "gemm_share_of_peak": gemm,
             **{f"peak_{lib}": v for lib, v in measured.per_library.items()},
-            "nominal_peak_flops": nominal.flops, "nominal_peak_how": nominal.how,
+            "nominal_peak_dtype": nominal.dtype, "nominal_peak_flops": nominal.flops, "nominal_peak_how": nominal.how,
             "mfu": perf.mfu(flops, total_s, peak), "mfu_nominal": perf.mfu(flops, total_s, nominal.flops),
             "mfu_on_cpu": perf.mfu(flops, sum(r["on_cpu_s"] for r in recs), peak),
             **thread_columns(), "load_1m": load,

@@ -69,11 +69,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def run_cli(args: argparse.Namespace) -> int:
-    from grlib import perf, results
+    from grlib import results
     from grlib.config import load_config
     from grlib.data.catalog import load_dataset
-    from grlib.experiments.train_stage import fit_and_evaluate
-    from grlib.model.hstu import COMPUTE_DTYPES
+    from grlib.experiments.train_stage import fit_and_evaluate, model_peak
     from grlib.results import atomic_write_bytes
 
     if args.params_only:
@@ -99,8 +98,7 @@ def run_cli(args: argparse.Namespace) -> int:
         name, row, losses = got["dataset"], got["row"], got["losses"]
     else:
         ds = load_dataset(cfg, args.dataset)
-        peak = (perf.peak_flops(COMPUTE_DTYPES[cfg.model.precision])  # measured in this run, before training,
-                if args.model != "popularity" else None)                # in the model's precision
+        peak = model_peak(cfg)  # measured in this run, before training, in the model's precision
         fit = fit_and_evaluate(cfg, ds, peak, checkpoint_dir=args.checkpoint_dir,
                                checkpoint_every=args.checkpoint_every)
         name, row, losses = ds.name, fit.row, fit.losses

@@ -163,11 +163,15 @@ def fit_rank(runtime, cfg: Config, dataset: str, dist_cfg: DistConfig, checkpoin
     ds = load_dataset(cfg, dataset)
     if runtime.topology.rank == 0:
         runtime.barrier()
-    peak = perf.peak_flops(COMPUTE_DTYPES[cfg.model.precision]) if measure_peak and cfg.model.name != "popularity" \
-        else None  # the GEMM peak of the model's precision
+    peak = model_peak(cfg) if measure_peak else None
     fit = fit_and_evaluate(cfg, ds, peak, checkpoint_dir=checkpoint_dir, checkpoint_every=checkpoint_every,
                            runtime=runtime, dist_cfg=dist_cfg)
     return {"rank": runtime.topology.rank, "dataset": ds.name, "row": fit.row, "losses": fit.losses}
+
+
+def model_peak(cfg: Config) -> float | None:
+    """The GEMM peak (FLOP/s) in cfg.model.precision's dtype, measured now; None for popularity (no FLOPs)."""
+    return perf.peak_flops(COMPUTE_DTYPES[cfg.model.precision]) if cfg.model.name != "popularity" else None
 
 
 def resume_identity(cfg: Config, dataset: str) -> dict:
@@ -182,7 +186,8 @@ def resume_identity(cfg: Config, dataset: str) -> dict:
 def run(cfg: Config, ablation: TrainAblation) -> dict:
     """Trains the grid; appends rows to tables `train` and `train_curves`; returns
     {"table": this run's rows, "curves": curve rows, "summary": mean/std per dataset x model,
-    "skipped": {dataset: reason}}."""
+    "skipped": {dataset: reason}, "precision": the train_precision rows (empty for fp32 only),
+    "precision_summary": precision_summary of them}."""
     peak = perf.peak_flops() if any(m != "popularity" for m in ablation.models) else None
     rows, curves, skipped, precision_rows = [], [], {}, []
     peaks = {p: perf.peak_flops(COMPUTE_DTYPES[p]) for p in ablation.precisions[1:]}  # a bf16 run's MFU: the bf16 peak
