@@ -47,9 +47,15 @@ def batches(draw, max_batch: int = 5, max_length: int = 80, max_heads: int = 4, 
     with_pos, with_time = draw(st.booleans()), draw(st.booleans())
     P, Bt = draw(st.integers(1, 12)), draw(st.integers(1, 10))
     span = draw(st.sampled_from([0, 3, 1000, 2**40]))  # 0: all timestamps equal
+    # sorted within each sequence (as logs are): the cpu kernel adds the time bias run by run
+    # (constant-bucket runs found by bisection); else entry by entry
+    monotone = draw(st.booleans())
     seed = draw(st.integers(0, 2**31 - 1))
     g = torch.Generator().manual_seed(seed)
     T = sum(lengths)
+    timestamps = torch.randint(0, span + 1, (T,), generator=g) if with_time else None
+    if with_time and monotone:
+        timestamps = torch.cat([c.sort().values for c in timestamps.split(lengths)] or [timestamps])
     case = dict(
         q=torch.randn(T, H, D, generator=g).to(dtype), k=torch.randn(T, H, D, generator=g).to(dtype),
         v=torch.randn(T, H, Dv, generator=g).to(dtype),
@@ -57,8 +63,7 @@ def batches(draw, max_batch: int = 5, max_length: int = 80, max_heads: int = 4, 
         alpha=draw(st.sampled_from([None, 0.7])),
         pos_bias=torch.randn(H, P, generator=g).to(dtype) if with_pos else None,
         time_bias=torch.randn(H, Bt, generator=g).to(dtype) if with_time else None,
-        # non-monotone, with ties when the span is small
-        timestamps=torch.randint(0, span + 1, (T,), generator=g) if with_time else None,
+        timestamps=timestamps,  # ties when the span is small
     )
     return case
 
@@ -103,14 +108,18 @@ def test_reference_in_bfloat16_meets_the_same_bound(case):
 
 
 def _random_case(lengths: list[int], H: int, D: int, Dv: int, P: int, Bt: int, ts: tuple[int, int],
-                 seed: int) -> dict:
-    """A fixed ragged batch with both bias tables (max_len = the longest sequence)."""
+                 seed: int, sorted_ts: bool = False) -> dict:
+    """A fixed ragged batch with both bias tables (max_len = the longest sequence); timestamps
+    uniform in `ts`, sorted within each sequence when `sorted_ts`."""
     g = torch.Generator().manual_seed(seed)
     T = sum(lengths)
-    return dict(q=torch.randn(T, H, D, generator=g), k=torch.randn(T, H, D, generator=g),
+    case = dict(q=torch.randn(T, H, D, generator=g), k=torch.randn(T, H, D, generator=g),
                 v=torch.randn(T, H, Dv, generator=g), offsets=ops.offsets_from_lengths(torch.tensor(lengths)),
                 max_len=max(lengths), alpha=None, pos_bias=torch.randn(H, P, generator=g),
                 time_bias=torch.randn(H, Bt, generator=g), timestamps=torch.randint(*ts, (T,), generator=g))
+    if sorted_ts:
+        case["timestamps"] = torch.cat([c.sort().values for c in case["timestamps"].split(lengths)])
+    return case
 
 
 def test_compiled_kernel_many_heads_long_sequence():
@@ -226,14 +235,21 @@ def test_backward_forms_match_reference_on_strided_inputs(case, mode, pad):
     torch.testing.assert_close(out.double(), exact[0], **_tol(torch.float32, exact[0]))
 
 
+@pytest.mark.parametrize("sorted_ts", [False, True])
 @pytest.mark.parametrize("mode", [1, 2])
-def test_backward_forms_on_long_sequences(mode):
-    """Several 64-token tiles per sequence (partial last tiles), 8 heads, all biases, both forms."""
+def test_backward_forms_on_long_sequences(mode, sorted_ts):
+    """Several 64-token tiles per sequence (partial last tiles), 8 heads, all biases, both forms;
+    timestamps in any order (bucket per entry) and sorted (several constant-bucket runs per tile row,
+    rows past bucket Bt - 1 one run), forward and backward."""
     import grlib.ops.cpu_attention  # noqa: F401
     from grlib.ops.attention import default_alpha
 
-    case = _random_case([200, 0, 1, 130, 64, 129], H=8, D=13, Dv=7, P=70, Bt=16, ts=(-10**6, 10**6), seed=2)
+    case = _random_case([200, 0, 1, 130, 64, 129], H=8, D=13, Dv=7, P=70, Bt=16, ts=(-10**6, 10**6), seed=2,
+                        sorted_ts=sorted_ts)
     exact = _run(case, "reference", torch.float64)
+    out = torch.ops.grlib.hstu_attention(case["q"], case["k"], case["v"], case["offsets"], case["max_len"],
+                                         default_alpha(13), case["pos_bias"], case["time_bias"], case["timestamps"])
+    torch.testing.assert_close(out.double(), exact[0], **_tol(torch.float32, exact[0]))
     g = torch.randn(exact[0].shape, generator=torch.Generator().manual_seed(1))
     got = torch.ops.grlib.hstu_attention_backward(
         g, case["q"], case["k"], case["v"], case["offsets"], case["max_len"], default_alpha(13), case["pos_bias"],
@@ -243,15 +259,16 @@ def test_backward_forms_on_long_sequences(mode):
                                    msg=lambda m: f"mode {mode} {name}: {m}")
 
 
+@pytest.mark.parametrize("sorted_ts", [False, True])
 @pytest.mark.parametrize("mode", [1, 2])
-def test_backward_is_bitwise_deterministic(mode):
+def test_backward_is_bitwise_deterministic(mode, sorted_ts):
     """Tasks run in whatever order the workers take them; the gradients (the bias tables' sums
     included) must not depend on it: exact resume and seeded runs rely on that."""
     import grlib.ops.cpu_attention  # noqa: F401
 
     g = torch.Generator().manual_seed(0)
     lengths = torch.randint(1, 100, (24,), generator=g)
-    case = _random_case(lengths.tolist(), H=2, D=16, Dv=16, P=128, Bt=32, ts=(0, 10**6), seed=4)
+    case = _random_case(lengths.tolist(), H=2, D=16, Dv=16, P=128, Bt=32, ts=(0, 10**6), seed=4, sorted_ts=sorted_ts)
     grad = torch.randn(case["q"].shape, generator=g)
     args = (grad, case["q"], case["k"], case["v"], case["offsets"], case["max_len"], 0.25, case["pos_bias"],
             case["time_bias"], case["timestamps"], mode)

@@ -16,12 +16,15 @@
 // own tiles and copies the tiles it walks (flash-attention style). The 64 x 64 score tile comes
 // from a register-blocked micro-kernel (only the vectors the causal mask leaves on a diagonal
 // tile), bias + SiLU (+ the mask on the diagonal tile) are applied in place by vectorisable loops,
-// and the tile is multiplied into the task's accumulator. Nothing larger than a tile (a sequence's
+// and the tile is multiplied into the task's accumulator. Where a sequence's timestamps are sorted
+// (checked per call), a tile row's time buckets form a few constant runs (found by bisection), and
+// the time bias and its gradient go run by run as masked vector ops; else bucket by bucket. Nothing larger than a tile (a sequence's
 // keys and values in the forward) is materialised; backward recomputes the scores.
 //
-// Bias-table gradients are summed into one partial table per task and reduced in task order at
-// the end (BiasGrads), so no two threads ever write the same memory and every run gives bitwise
-// the same gradients, whatever the scheduling.
+// Bias-table gradients are summed into one partial table per task (through per-column sums of
+// the task's score rows where a bucket covers a run of columns: BucketColumns) and reduced in task
+// order at the end (BiasGrads), so no two threads ever write the same memory and every run gives
+// bitwise the same gradients, whatever the scheduling.
 //
 // The sources: this header (the inputs of a call, the state of a pass, packing rows into tiles,
 // the bias-gradient partials), hstu_tiles.h (vectors and micro-kernels), hstu_silu_bias.h (SiLU,
@@ -151,7 +154,8 @@ struct Pass {
   int64_t H, D, Dv, Dp, Dvp, hsv;
   const int64_t* o;
   const int64_t* ts;
-  std::vector<T> pos, time;
+  std::vector<T> pos, posr, time;  // posr: each head's pos table reversed (Bias::posr)
+  std::vector<uint8_t> sorted;      // [B] sequence b's timestamps are non-decreasing (Bias::sorted)
   T alpha, inv_n;
 
   Pass(const Args& args, double alpha_in)
@@ -159,10 +163,17 @@ struct Pass {
         hsv(args.H * args.Dv), o(args.offsets.data_ptr<int64_t>()),
         ts(args.has_time ? args.ts.data_ptr<int64_t>() : nullptr), pos(table<T>(args.pos, args.has_pos, H, args.P)),
         time(table<T>(args.time, args.has_time, H, args.Bt)), alpha(static_cast<T>(alpha_in)),
-        inv_n(T(1) / static_cast<T>(args.max_len)) {}
+        inv_n(T(1) / static_cast<T>(args.max_len)) {
+    posr.resize(pos.size());
+    for (int64_t h = 0; h < H; ++h) std::reverse_copy(pos.begin() + h * a.P, pos.begin() + (h + 1) * a.P, posr.begin() + h * a.P);
+    sorted.assign(a.B, 0);
+    for (int64_t b = 0; ts && b < a.B; ++b)
+      sorted[b] = std::is_sorted(ts + o[b], ts + o[b + 1]);
+  }
 
   Bias<T> bias(int64_t b, int64_t h) const {
-    return {pos.data() + h * a.P, time.data() + h * a.Bt, ts ? ts + o[b] : nullptr, a.P, a.Bt, a.has_pos};
+    return {pos.data() + h * a.P, posr.data() + h * a.P, time.data() + h * a.Bt, ts ? ts + o[b] : nullptr,
+            a.P, a.Bt, a.has_pos, ts && sorted[b]};
   }
   int64_t workers(size_t tasks) const {
     return std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), static_cast<int64_t>(tasks)));

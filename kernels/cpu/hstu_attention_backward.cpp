@@ -7,6 +7,15 @@
 namespace hstu {
 namespace {
 
+// Adds a task's bias-gradient columns to its partial tables: row b < Bt to time bucket b, row Bt to
+// the last position bucket (the rows a table does not have stay zero and are skipped).
+template <typename T>
+void flush_bias_columns(const BucketColumns<T>& cols, const Args& a, T* gpos, T* gtime) {
+  if (a.has_pos) gpos[a.P - 1] += cols.sum(a.Bt);
+  if (a.has_time)
+    for (int64_t b = 0; b < a.Bt; ++b) gtime[b] += cols.sum(b);
+}
+
 // dq and the bias-table gradients: one task per (sequence, head, query tile).
 template <typename scalar_t>
 void backward_dq(const Args& a, double alpha_in, const at::Tensor& grad, at::Tensor& dq, at::Tensor& dpos,
@@ -22,13 +31,16 @@ void backward_dq(const Args& a, double alpha_in, const at::Tensor& grad, at::Ten
   const auto tasks = make_tasks(p.o, a.B, a.H, /*by_key=*/false);
   const int64_t workers = p.workers(tasks.size());
   // per worker: QT [Dp, BLK], dOT [Dvp, BLK], K [BLK, Dp], V [BLK, Dvp], ST, dWT [BLK, BLK],
-  // dQ [BLK, Dp]
-  const int64_t tile = BLK * (3 * Dp + 2 * Dvp + 2 * BLK);
+  // dQ [BLK, Dp]; the bias-gradient columns [Bt + 1, BLK] (BucketColumns: time buckets, then the last
+  // position bucket)
+  const int64_t tile = BLK * (3 * Dp + 2 * Dvp + 2 * BLK + Bt + 1);
   auto bufs = scratch<T>(workers, tile);
   BiasGrads<T> bias_grads(tasks.size(), P, Bt);
   run_tasks(tasks, workers, [&](int64_t w, const Task& t) {
     T *QT = bufs[w].data(), *dOT = QT + Dp * BLK, *Ks = dOT + Dvp * BLK, *Vs = Ks + BLK * Dp, *ST = Vs + BLK * Dvp;
     T *dWT = ST + BLK * BLK, *dQ = dWT + BLK * BLK;
+    BucketColumns<T> cols{dQ + BLK * Dp, Bt + 1};
+    cols.clear();
     const int64_t task = &t - tasks.data();
     T *gpos = bias_grads.pos(task), *gtime = bias_grads.time(task);
     const int64_t base = p.o[t.b], L = p.o[t.b + 1] - base, i0 = t.blk * BLK, nq = std::min(BLK, L - i0);
@@ -48,23 +60,24 @@ void backward_dq(const Args& a, double alpha_in, const at::Tensor& grad, at::Ten
         const int64_t j = j0 + c, first = std::min(std::max<int64_t>(0, j - i0), nq);
         const int64_t tsj = bias.ts ? bias.ts[j] : 0;
         T *s = ST + c * BLK, *ds = dWT + c * BLK;
-        add_bias<1>(s, first, nq, i0 - j, bias, tsq, tsj);
+        TimeRuns runs;
+        add_bias<1>(s, first, nq, i0 - j, bias, tsq, tsj, &runs);
         silu_backward<T>(s, ds, first, nq, p.inv_n);
         std::fill(ds, ds + first, T(0));
         if (a.has_pos) {  // i - j = i0 - j + r: one bucket each below P - 1, the rest share the last
           const int64_t clamp = std::min(std::max(first, P - 1 - (i0 - j)), nq);
-          for (int64_t r = first; r < clamp; ++r) gpos[i0 - j + r] += ds[r];
-          T tail = 0;
-          for (int64_t r = clamp; r < nq; ++r) tail += ds[r];
-          gpos[P - 1] += tail;
+          T* __restrict gp = gpos;
+          for (int64_t r = first; r < clamp; ++r) gp[i0 - j + r] += ds[r];
+          cols.add(Bt, ds, clamp, nq);
         }
-        if (tsq) add_time_grads(ds, tsq, tsj, first, nq, Bt, gtime);
+        if (tsq) add_time_grads(ds, tsq, tsj, first, nq, Bt, gtime, runs, cols);
       }
       tile_tn_acc(dWT, Ks, Dp, dQ, nq, nk, tri ? LOWER : 0);  // dQ += dS K
     }
     for (int64_t r = 0; r < nq; ++r)
       write_grad(gq + (base + i0 + r) * oq + t.h * D, dQ + r * Dp, D, p.alpha,
                  a.act ? q + (base + i0 + r) * a.rq + t.h * D : nullptr);
+    flush_bias_columns(cols, a, gpos, gtime);
   });
   bias_grads.reduce(tasks, a, dpos, dtime);
 }
@@ -144,14 +157,19 @@ void backward_single(const Args& a, double alpha_in, const at::Tensor& grad, at:
   for (int64_t b = 0; b < a.B; ++b) longest = std::max(longest, p.o[b + 1] - p.o[b]);
   const int64_t workers = p.workers(tasks.size()), Lp = round_up(longest, BLK);
   // per worker: Q [Lp, Dp], dO [Lp, Dvp], dQ [Lp, Dp] (the whole sequence); KT [Dp, BLK], K [BLK, Dp],
-  // VT [Dvp, BLK], dK [BLK, Dp], dV [BLK, Dvp]; S, dW, dST [BLK, BLK]
-  const int64_t seq = Lp * (2 * Dp + Dvp), tile = seq + BLK * (3 * Dp + 2 * Dvp + 3 * BLK);
+  // VT [Dvp, BLK], dK [BLK, Dp], dV [BLK, Dvp]; S, dW [BLK, BLK]
+  // gposr [P]: the task's position-bias gradient, reversed (contiguous along a score row); the
+  // bias-gradient columns [Bt + 1, BLK]
+  const int64_t seq = Lp * (2 * Dp + Dvp), tile = seq + BLK * (3 * Dp + 2 * Dvp + 2 * BLK + Bt + 1) + P;
   auto bufs = scratch<T>(workers, tile);
   BiasGrads<T> bias_grads(tasks.size(), P, Bt);
   run_tasks(tasks, workers, [&](int64_t w, const Task& t) {
     T *Qs = bufs[w].data(), *dOs = Qs + Lp * Dp, *dQ = dOs + Lp * Dvp, *KT = dQ + Lp * Dp, *Ks = KT + Dp * BLK;
     T *VT = Ks + BLK * Dp, *dK = VT + Dvp * BLK, *dV = dK + BLK * Dp, *S = dV + BLK * Dvp, *dW = S + BLK * BLK;
-    T *dST = dW + BLK * BLK;
+    BucketColumns<T> cols{dW + BLK * BLK, Bt + 1};
+    cols.clear();
+    T* gposr = cols.acc + (Bt + 1) * BLK;  // gposr[P - 1 - d]: the gradient of bucket d < P - 1
+    std::fill(gposr, gposr + P, T(0));
     const int64_t task = &t - tasks.data();
     T *gpos = bias_grads.pos(task), *gtime = bias_grads.time(task);
     const int64_t base = p.o[t.b], L = p.o[t.b + 1] - base;
@@ -176,24 +194,22 @@ void backward_single(const Args& a, double alpha_in, const at::Tensor& grad, at:
         for (int64_t r = 0; r < nq; ++r) {  // S <- weights, dW <- dL/dscores; zero where j > i
           const int64_t i = i0 + r, valid = std::min(nk, i - j0 + 1), tsi = bias.ts ? bias.ts[i] : 0;
           T *s = S + r * BLK, *ds = dW + r * BLK;
-          add_bias<-1>(s, 0, valid, i - j0, bias, tsk, tsi);
+          TimeRuns runs;
+          add_bias<-1>(s, 0, valid, i - j0, bias, tsk, tsi, &runs);
           silu_both<T>(s, ds, 0, valid, p.inv_n);
           std::fill(s + valid, s + nk, T(0));
           std::fill(ds + valid, ds + nk, T(0));
           if (a.has_pos) {  // i - j = (i - j0) - c: the first keys may share the last bucket
             const int64_t tail = std::min(valid, std::max<int64_t>(0, i - j0 - (P - 1) + 1));
-            T sum = 0;
-            for (int64_t c = 0; c < tail; ++c) sum += ds[c];
-            gpos[P - 1] += sum;
-            for (int64_t c = tail; c < valid; ++c) gpos[i - j0 - c] += ds[c];
+            cols.add(Bt, ds, 0, tail);
+            T* __restrict gr = gposr;  // bucket d = i - j0 - c at gposr[P - 1 - d]
+            for (int64_t c = tail; c < valid; ++c) gr[P - 1 - (i - j0) + c] += ds[c];
           }
-          if (tsk) add_time_grads(ds, tsk, tsi, 0, valid, Bt, gtime);
+          if (tsk) add_time_grads(ds, tsk, tsi, 0, valid, Bt, gtime, runs, cols);
         }
         tile_tn_acc(S, dOi, Dvp, dV, nk, nq, tri ? UPPER : 0);  // dV_j += W^T dO_i
         tile_tn_acc(dW, Qi, Dp, dK, nk, nq, tri ? UPPER : 0);   // dK_j += dS^T (alpha Q_i)
-        for (int64_t c = 0; c < nk; ++c)       // dST [key, query] = dS^T
-          for (int64_t r = 0; r < nq; ++r) dST[c * BLK + r] = dW[r * BLK + c];
-        tile_tn_acc(dST, Ks, Dp, dQ + i0 * Dp, nq, nk, tri);  // dQ_i += dS K_j
+        tile_nn_acc(dW, Ks, Dp, dQ + i0 * Dp, nq, nk, tri);     // dQ_i += dS K_j
       }
       for (int64_t c = 0; c < nk; ++c) {
         write_grad(gk + (base + j0 + c) * ok + t.h * D, dK + c * Dp, D, T(1),
@@ -204,6 +220,9 @@ void backward_single(const Args& a, double alpha_in, const at::Tensor& grad, at:
     }
     for (int64_t r = 0; r < L; ++r)
       write_grad(gq + (base + r) * oq + t.h * D, dQ + r * Dp, D, p.alpha, a.act ? q + (base + r) * a.rq + t.h * D : nullptr);
+    if (a.has_pos)
+      for (int64_t d = 0; d < P - 1; ++d) gpos[d] += gposr[P - 1 - d];
+    flush_bias_columns(cols, a, gpos, gtime);
   });
   bias_grads.reduce(tasks, a, dpos, dtime);
 }

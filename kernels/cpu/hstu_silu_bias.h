@@ -46,6 +46,14 @@ inline int64_t time_bucket(int64_t dt, int64_t n_buckets) {
   return b < n_buckets - 1 ? b : n_buckets - 1;
 }
 
+// The same bucket through a count of leading zeros: cheaper one at a time (the run search, which
+// evaluates a few entries of a row), while the form above vectorises.
+inline int64_t time_bucket_one(int64_t dt, int64_t n_buckets) {
+  const uint64_t a = static_cast<uint64_t>(dt < 0 ? -dt : dt) + 1;
+  const int64_t b = 63 - __builtin_clzll(a);
+  return b < n_buckets - 1 ? b : n_buckets - 1;
+}
+
 // SiLU and its derivative (the fused uvqk op's inputs are pre-activations: SiLU is applied while
 // packing, and gradients are multiplied by SiLU' as they are written).
 template <typename T>
@@ -60,30 +68,115 @@ inline T silu_grad(T x) {
 template <typename T>
 struct Bias {
   const T* pos;       // [P]
+  const T* posr;      // [P] reversed: posr[m] = pos[P - 1 - m]
   const T* time;      // [Bt]
   const int64_t* ts;  // [L] (nullptr without a time bias)
   int64_t P, Bt;
   bool has_pos;
+  bool sorted;        // ts is non-decreasing: time buckets are monotone along a tile row (time_runs)
 };
 
+// A run [x0, x1) of a tile row on which the time bucket b is constant.
+struct Run {
+  int64_t x0, x1, b;
+};
+
+// The time-bucket runs of one tile row (n = -1: not computed; the row goes entry by entry).
+struct TimeRuns {
+  Run run[BLK];
+  int64_t n = -1;
+};
+
+// The maximal runs of [x0, x1) (x1 - x0 <= BLK) on which bucket(tsv[x] - tsc) is constant, in order.
+// The bucket must be monotone along x: sorted timestamps on one side of the anchor tsc, which is
+// how every pass calls it (the causal part of a row: keys before a query, or queries after a key).
+// A run ends where its last entry's bucket differs from its first, found by bisection: a row far
+// from the diagonal is usually one or two runs, so its buckets cost a few evaluations, not one each.
+inline void time_runs(const int64_t* tsv, int64_t tsc, int64_t x0, int64_t x1, int64_t Bt, TimeRuns& out) {
+  out.n = 0;
+  while (x0 < x1) {
+    const int64_t b = time_bucket_one(tsv[x0] - tsc, Bt);
+    int64_t lo = x1;  // the first x whose bucket differs from b (x1 if none)
+    if (time_bucket_one(tsv[x1 - 1] - tsc, Bt) != b) {
+      int64_t hi = x1 - 1;
+      lo = x0 + 1;
+      while (lo < hi) {
+        const int64_t mid = (lo + hi) / 2;
+        if (time_bucket_one(tsv[mid] - tsc, Bt) == b)
+          lo = mid + 1;
+        else
+          hi = mid;
+      }
+    }
+    out.run[out.n++] = {x0, lo, b};
+    x0 = lo;
+  }
+}
+
+// s[x] += pos[min(i - j, P - 1)] for x in [x0, x1) along a row where i - j = d0 + SIGN * x >= 0:
+// contiguous table entries (the reversed table when SIGN = -1) and the last bucket's constant.
+template <int64_t SIGN, typename T>
+inline void add_pos(T* __restrict s, int64_t x0, int64_t x1, int64_t d0, const Bias<T>& b) {
+  const int64_t last = b.P - 1;
+  if constexpr (SIGN > 0) {  // d = d0 + x < last for x < last - d0
+    const int64_t xm = std::min(std::max(last - d0, x0), x1);
+    const T* __restrict pos = b.pos;
+    for (int64_t x = x0; x < xm; ++x) s[x] += pos[d0 + x];
+    add_const(s, xm, x1, b.pos[last]);
+  } else {  // d = d0 - x >= last for x <= d0 - last; pos[d0 - x] = posr[last - d0 + x]
+    const int64_t xm = std::min(std::max(d0 - last + 1, x0), x1);
+    add_const(s, x0, xm, b.pos[last]);
+    const T* __restrict posr = b.posr;
+    for (int64_t x = xm; x < x1; ++x) s[x] += posr[last - d0 + x];
+  }
+}
+
 // s[x] += bias(i, j) for x in [x0, x1), along a row of a score tile where i - j = d0 + SIGN * x and
-// the timestamp gap is tsv[x] - tsc (the time gap's sign does not matter).
+// the timestamp gap is tsv[x] - tsc (the time gap's sign does not matter). With sorted timestamps
+// the time term is added run by run, and the runs are left in `runs` (when given) for the
+// gradients; else bucket by bucket, entry by entry.
 template <int64_t SIGN, typename T>
 inline void add_bias(T* __restrict s, int64_t x0, int64_t x1, int64_t d0, const Bias<T>& b,
-                     const int64_t* __restrict tsv, int64_t tsc) {
-  if (b.has_pos) {
-    const T* pos = b.pos;
-    const int64_t last = b.P - 1;
-    for (int64_t x = x0; x < x1; ++x) {
-      const int64_t d = d0 + SIGN * x;
-      s[x] += pos[d < last ? d : last];
-    }
-  }
-  if (b.ts) {
-    const T* time = b.time;
+                     const int64_t* __restrict tsv, int64_t tsc, TimeRuns* runs = nullptr) {
+  if (b.has_pos) add_pos<SIGN>(s, x0, x1, d0, b);
+  if (!b.ts) return;
+  const T* time = b.time;
+  if (b.sorted) {
+    TimeRuns local;
+    TimeRuns& r = runs ? *runs : local;
+    time_runs(tsv, tsc, x0, x1, b.Bt, r);
+    for (int64_t k = 0; k < r.n; ++k) add_const(s, r.run[k].x0, r.run[k].x1, time[r.run[k].b]);
+  } else {
+    if (runs) runs->n = -1;
     for (int64_t x = x0; x < x1; ++x) s[x] += time[time_bucket(tsv[x] - tsc, b.Bt)];
   }
 }
+
+// sum of x[a:b]: lane-wise partial sums, then the lanes and the remainder in order (a fixed order:
+// the same result on every run).
+template <typename T>
+inline T row_sum(const T* x, int64_t a, int64_t b) {
+  V<T> acc = {};
+  int64_t k = a;
+  for (; k + LANES<T> <= b; k += LANES<T>) acc += vload(x + k);
+  T sum = 0;
+  for (int64_t l = 0; l < LANES<T>; ++l) sum += acc[l];
+  for (; k < b; ++k) sum += x[k];
+  return sum;
+}
+
+// A task's sums of dL/dscores per bias bucket, kept per column of the score tile: a run of a row
+// adds to its bucket's row (row[x] += ds[x], a contiguous vector add), and the columns are summed
+// once, when the task ends (flush). Summing each run of each row to a scalar instead cost a
+// horizontal reduction per run.
+template <typename T>
+struct BucketColumns {
+  T* acc;     // [rows, BLK] (caller's scratch)
+  int64_t rows;
+  void clear() { std::fill(acc, acc + rows * BLK, T(0)); }
+  void add(int64_t row, const T* ds, int64_t x0, int64_t x1) { add_row(acc + row * BLK, ds, x0, x1); }
+  T sum(int64_t row) const { return row_sum(acc + row * BLK, 0, BLK); }
+};
 
 // s[x] <- SiLU(s[x]) * inv_n
 template <typename T>
@@ -113,12 +206,17 @@ inline void silu_both(T* __restrict s, T* __restrict dw, int64_t x0, int64_t x1,
   }
 }
 
-// gtime[bucket(ts[x] - tsc)] += ds[x] for x in [x0, x1) (x < BLK): the buckets first (vectorised),
-// then run-length sums (sorted timestamps give long runs of one bucket along a tile row).
+// gtime[bucket(ts[x] - tsc)] += ds[x] for x in [x0, x1) (x < BLK): into the bucket's row of `cols`
+// run by run when add_bias left the runs (sorted timestamps); else into gtime, the buckets first
+// (vectorised), then run-length sums.
 template <typename T>
 inline void add_time_grads(const T* ds, const int64_t* ts, int64_t tsc, int64_t x0, int64_t x1, int64_t Bt,
-                           T* gtime) {
+                           T* gtime, const TimeRuns& runs, BucketColumns<T>& cols) {
   if (x0 >= x1) return;
+  if (runs.n >= 0) {
+    for (int64_t k = 0; k < runs.n; ++k) cols.add(runs.run[k].b, ds, runs.run[k].x0, runs.run[k].x1);
+    return;
+  }
   int64_t bk[BLK];
   for (int64_t x = x0; x < x1; ++x) bk[x] = time_bucket(ts[x] - tsc, Bt);
   int64_t cur = bk[x0];

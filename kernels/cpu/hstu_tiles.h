@@ -3,6 +3,7 @@
 //
 //   tile_nt      C   [rows, BLK]  = X [rows, Dp] . YT [Dp, BLK]          (scores, dL/dweights)
 //   tile_tn_acc  Out [rows, Ep]  += PT[:cols, :rows]^T . Z [cols, Ep]     (outputs, gradients)
+//   tile_nn_acc  Out [rows, Ep]  += P[:rows, :cols] . Z [cols, Ep]        (the same, P untransposed)
 //
 // Both skip work that the causal mask makes zero. `tri` says which entries (row r, column c) of the
 // tile a pass uses: 0 all, LOWER c <= r, UPPER c >= r (a diagonal tile: query and key tiles at the
@@ -49,6 +50,51 @@ inline V<T> vload(const T* p) {
 }
 template <typename T>
 inline void vstore(T* p, const V<T>& v) { __builtin_memcpy(p, &v, sizeof(v)); }
+
+// Integer vectors of the same lanes (masks of V<T>'s lanes).
+template <typename T>
+struct IVec;
+template <>
+struct IVec<float> {
+  typedef int32_t lane;
+  typedef int32_t type __attribute__((vector_size(64)));
+};
+template <>
+struct IVec<double> {
+  typedef int64_t lane;
+  typedef int64_t type __attribute__((vector_size(64)));
+};
+
+// dst[x] = dst[x] + add(c)[x - c] for x in [x0, x1) only (c: the start of x's vector), one vector at
+// a time: the vectors that hold the range are read and written whole, and the lanes outside it keep
+// their values. A short range (a run of a tile row) costs a vector op or two instead of a scalar
+// loop. dst must have room through round_up(x1, LANES) (a tile row of BLK values has).
+template <typename T, typename F>
+inline void masked_add(T* dst, int64_t x0, int64_t x1, const F& add) {
+  using M = typename IVec<T>::type;
+  using E = typename IVec<T>::lane;
+  constexpr int64_t L = LANES<T>;
+  M lane;
+  for (int64_t l = 0; l < L; ++l) lane[l] = static_cast<E>(l);
+  for (int64_t c = x0 / L * L; c < x1; c += L) {
+    const M x = lane + static_cast<E>(c);
+    const M in = (x >= static_cast<E>(x0)) & (x < static_cast<E>(x1));
+    const V<T> d = vload(dst + c);
+    vstore(dst + c, in ? d + add(c) : d);
+  }
+}
+
+// dst[x] += v for x in [x0, x1) (masked_add).
+template <typename T>
+inline void add_const(T* dst, int64_t x0, int64_t x1, T v) {
+  masked_add(dst, x0, x1, [v](int64_t) { return V<T>{} + v; });
+}
+
+// dst[x] += src[x] for x in [x0, x1) (masked_add; src is read through round_up(x1, LANES) too).
+template <typename T>
+inline void add_row(T* dst, const T* src, int64_t x0, int64_t x1) {
+  masked_add(dst, x0, x1, [src](int64_t c) { return vload(src + c); });
+}
 
 // ---- micro-kernels (Dp, Ep: multiples of VEC; tiles have row stride BLK) -----------------------
 
@@ -109,8 +155,9 @@ void tile_nt(const T* __restrict X, const T* __restrict YT, int64_t Dp, T* __res
   if (r < rows) tile_nt_block<T, 1>(X, YT, Dp, C, r, ncols, tri);
 }
 
-// Out[i, e0 + e] += sum_{c < cols} PT[c, i] * Z[c, e0 + e] for i < R, e < W * LANES.
-template <typename T, int64_t R, int64_t W>
+// Out[i, e0 + e] += sum_{c < cols} PT[c, i] * Z[c, e0 + e] for i < R, e < W * LANES (NN: the weights
+// are P[i, c] = PT[i * BLK + c] instead, the same products in the same order).
+template <typename T, int64_t R, int64_t W, bool NN>
 inline void tile_tn_block(const T* __restrict PT, const T* __restrict Z, int64_t Ep, T* __restrict Out,
                           int64_t cols) {
   V<T> acc[R][W];
@@ -124,7 +171,7 @@ inline void tile_tn_block(const T* __restrict PT, const T* __restrict Z, int64_t
     for (int64_t n = 0; n < W; ++n) z[n] = vload(Z + c * Ep + n * LANES<T>);
 #pragma GCC unroll 6
     for (int64_t i = 0; i < R; ++i) {
-      const T p = PT[c * BLK + i];
+      const T p = NN ? PT[i * BLK + c] : PT[c * BLK + i];
 #pragma GCC unroll 4
       for (int64_t n = 0; n < W; ++n) acc[i][n] += p * z[n];
     }
@@ -135,32 +182,40 @@ inline void tile_tn_block(const T* __restrict PT, const T* __restrict Z, int64_t
     for (int64_t n = 0; n < W; ++n) vstore(Out + i * Ep + n * LANES<T>, acc[i][n]);
 }
 
-template <typename T, int64_t R>
+template <typename T, int64_t R, bool NN>
 inline void tile_tn_rows(const T* PT, const T* Z, int64_t Ep, T* Out, int64_t cols) {
   int64_t e = 0;
-  for (; e + 4 * LANES<T> <= Ep; e += 4 * LANES<T>) tile_tn_block<T, R, 4>(PT, Z + e, Ep, Out + e, cols);
-  for (; e + 2 * LANES<T> <= Ep; e += 2 * LANES<T>) tile_tn_block<T, R, 2>(PT, Z + e, Ep, Out + e, cols);
-  for (; e < Ep; e += LANES<T>) tile_tn_block<T, R, 1>(PT, Z + e, Ep, Out + e, cols);
+  for (; e + 4 * LANES<T> <= Ep; e += 4 * LANES<T>) tile_tn_block<T, R, 4, NN>(PT, Z + e, Ep, Out + e, cols);
+  for (; e + 2 * LANES<T> <= Ep; e += 2 * LANES<T>) tile_tn_block<T, R, 2, NN>(PT, Z + e, Ep, Out + e, cols);
+  for (; e < Ep; e += LANES<T>) tile_tn_block<T, R, 1, NN>(PT, Z + e, Ep, Out + e, cols);
 }
 
 // Rows [r, r + R) of Out: the terms c in [0, cols) that `tri` keeps (LOWER: c <= r + R - 1, UPPER:
 // c >= r; the others have weight 0 in every row of the block).
-template <typename T, int64_t R>
+template <typename T, int64_t R, bool NN>
 inline void tile_tn_range(const T* PT, const T* Z, int64_t Ep, T* Out, int64_t r, int64_t cols, int tri) {
   const int64_t c0 = tri == UPPER ? std::min(r, cols) : 0, c1 = tri == LOWER ? std::min(cols, r + R) : cols;
-  if (c1 > c0) tile_tn_rows<T, R>(PT + c0 * BLK + r, Z + c0 * Ep, Ep, Out + r * Ep, c1 - c0);
+  const T* w = NN ? PT + r * BLK + c0 : PT + c0 * BLK + r;
+  if (c1 > c0) tile_tn_rows<T, R, NN>(w, Z + c0 * Ep, Ep, Out + r * Ep, c1 - c0);
 }
 
 // Out [rows, Ep] += PT[:cols, :rows]^T . Z [cols, Ep]   (PT has row stride BLK), the terms `tri`
-// keeps: 6 rows at a time, then 4, 2, 1
-template <typename T>
+// keeps: 6 rows at a time, then 4, 2, 1. NN: the weights are P [rows, cols] (row stride BLK).
+template <typename T, bool NN = false>
 void tile_tn_acc(const T* __restrict PT, const T* __restrict Z, int64_t Ep, T* __restrict Out, int64_t rows,
                  int64_t cols, int tri = 0) {
   int64_t r = 0;
-  for (; r + RB <= rows; r += RB) tile_tn_range<T, RB>(PT, Z, Ep, Out, r, cols, tri);
-  if (r + 4 <= rows) tile_tn_range<T, 4>(PT, Z, Ep, Out, r, cols, tri), r += 4;
-  if (r + 2 <= rows) tile_tn_range<T, 2>(PT, Z, Ep, Out, r, cols, tri), r += 2;
-  if (r < rows) tile_tn_range<T, 1>(PT, Z, Ep, Out, r, cols, tri);
+  for (; r + RB <= rows; r += RB) tile_tn_range<T, RB, NN>(PT, Z, Ep, Out, r, cols, tri);
+  if (r + 4 <= rows) tile_tn_range<T, 4, NN>(PT, Z, Ep, Out, r, cols, tri), r += 4;
+  if (r + 2 <= rows) tile_tn_range<T, 2, NN>(PT, Z, Ep, Out, r, cols, tri), r += 2;
+  if (r < rows) tile_tn_range<T, 1, NN>(PT, Z, Ep, Out, r, cols, tri);
+}
+
+// Out [rows, Ep] += P [rows, cols] . Z [cols, Ep]   (P has row stride BLK): tile_tn_acc without the
+// transposed copy of P.
+template <typename T>
+void tile_nn_acc(const T* P, const T* Z, int64_t Ep, T* Out, int64_t rows, int64_t cols, int tri = 0) {
+  tile_tn_acc<T, true>(P, Z, Ep, Out, rows, cols, tri);
 }
 
 }  // namespace hstu
