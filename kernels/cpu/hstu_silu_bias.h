@@ -90,26 +90,45 @@ struct TimeRuns {
 // The maximal runs of [x0, x1) (x1 - x0 <= BLK) on which bucket(tsv[x] - tsc) is constant, in order.
 // The bucket must be monotone along x: sorted timestamps on one side of the anchor tsc, which is
 // how every pass calls it (the causal part of a row: keys before a query, or queries after a key).
-// A run ends where its last entry's bucket differs from its first, found by bisection: a row far
-// from the diagonal is usually one or two runs, so its buckets cost a few evaluations, not one each.
+// The first and last entries decide: one bucket, one run; two adjacent buckets, a boundary found by
+// bisection (a row far from the diagonal costs a few evaluations, not one per entry); more (rows
+// near the diagonal), every entry's bucket (vectorised), then each run's end by counting the
+// entries before it.
 inline void time_runs(const int64_t* tsv, int64_t tsc, int64_t x0, int64_t x1, int64_t Bt, TimeRuns& out) {
   out.n = 0;
-  while (x0 < x1) {
-    const int64_t b = time_bucket_one(tsv[x0] - tsc, Bt);
-    int64_t lo = x1;  // the first x whose bucket differs from b (x1 if none)
-    if (time_bucket_one(tsv[x1 - 1] - tsc, Bt) != b) {
-      int64_t hi = x1 - 1;
-      lo = x0 + 1;
-      while (lo < hi) {
-        const int64_t mid = (lo + hi) / 2;
-        if (time_bucket_one(tsv[mid] - tsc, Bt) == b)
-          lo = mid + 1;
-        else
-          hi = mid;
+  if (x0 >= x1) return;
+  const int64_t bf = time_bucket_one(tsv[x0] - tsc, Bt), bl = time_bucket_one(tsv[x1 - 1] - tsc, Bt);
+  if (bf == bl) {
+    out.run[out.n++] = {x0, x1, bf};
+  } else if (bf - bl == 1 || bl - bf == 1) {
+    int64_t lo = x0 + 1, hi = x1 - 1;  // the first x whose bucket is bl
+    while (lo < hi) {
+      const int64_t mid = (lo + hi) / 2;
+      if (time_bucket_one(tsv[mid] - tsc, Bt) == bf)
+        lo = mid + 1;
+      else
+        hi = mid;
+    }
+    out.run[out.n++] = {x0, lo, bf};
+    out.run[out.n++] = {lo, x1, bl};
+  } else {
+    int32_t bk[BLK];
+    for (int64_t x = x0; x < x1; ++x) bk[x] = static_cast<int32_t>(time_bucket(tsv[x] - tsc, Bt));
+    const int64_t step = bl > bf ? 1 : -1;
+    int64_t start = x0;
+    for (int64_t v = bf; v != bl; v += step) {  // entries at or before bucket v (in the row's order)
+      int64_t count = 0;
+      const int32_t w = static_cast<int32_t>(v);
+      if (step > 0)
+        for (int64_t x = x0; x < x1; ++x) count += bk[x] <= w;
+      else
+        for (int64_t x = x0; x < x1; ++x) count += bk[x] >= w;
+      if (x0 + count > start) {
+        out.run[out.n++] = {start, x0 + count, v};
+        start = x0 + count;
       }
     }
-    out.run[out.n++] = {x0, lo, b};
-    x0 = lo;
+    out.run[out.n++] = {start, x1, bl};
   }
 }
 
