@@ -57,7 +57,8 @@ def test_cli_writes_the_issue_keys(tmp_path, monkeypatch, isolated_outputs):
     from grlib.cli import main
 
     monkeypatch.setattr(kernels_stage, "run_child", kernels_stage.child)  # in-process: the subprocess runs in the notebook
-    monkeypatch.setattr(kernels_stage, "matmul_peak_gflops", lambda dtype, threads=None: 100.0)
+    readings = iter([80.0, 100.0])  # before the rows, after them: the higher one counts
+    monkeypatch.setattr(kernels_stage, "matmul_peak_gflops", lambda dtype, threads=None: next(readings))
     out = tmp_path / "rows.json"
     assert main(["bench", "kernels", "--scale", "smoke", "--max-len", "32", "--regime", "scaled", "--impls", "reference", "cpu",
                  "--whole-batch", "0", "--repeats", "1", "--json", str(out)]) == 0
@@ -66,7 +67,8 @@ def test_cli_writes_the_issue_keys(tmp_path, monkeypatch, isolated_outputs):
     for r in rows:
         assert ISSUE_KEYS <= set(r)
     assert rows[0]["speedup_vs_reference"] == 1.0
-    for r in rows:  # against the measured peak (patched to 100 GFLOP/s here) and the nominal one
+    for r in rows:  # against the measured peak (patched: 80 then 100 GFLOP/s) and the nominal one
+        assert (r["matmul_peak_before_gflops"], r["matmul_peak_after_gflops"]) == (80.0, 100.0)
         assert r["frac_of_peak"] == pytest.approx(r["gflops"] / 100.0)
         assert r["frac_of_nominal"] == pytest.approx(r["gflops"] / r["nominal_peak_gflops"])
     assert (isolated_outputs / "results" / "adhoc" / "tables" / "bench_kernels" / "scale=smoke").is_dir()  # no --record

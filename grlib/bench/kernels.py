@@ -50,7 +50,8 @@ def run(args: argparse.Namespace) -> list[dict]:
                 f"bench kernels: H={first['heads']} D={first['head_dim']} {first['dtype']}, {first['threads']} threads, "
                 f"load average {os.getloadavg()[0]:.2f}\n"
                 f"frac_of_peak: against the measured GEMM peak {first['matmul_peak_gflops']:.0f} GFLOP/s "
-                f"(on-CPU time, best of torch.mm's BLAS and oneDNN)\n"
+                f"(before/after the rows {first['matmul_peak_before_gflops']:.0f}/{first['matmul_peak_after_gflops']:.0f}; "
+                f"on-CPU time, best of torch.mm's BLAS and oneDNN)\n"
                 f"frac_of_nominal: against the nominal peak {first['nominal_peak_gflops']:.0f} GFLOP/s = "
                 f"{first['nominal_peak_how']}")
     return rows

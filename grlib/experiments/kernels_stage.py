@@ -28,7 +28,8 @@ each row records how many). The whole batch is timed by one forward and by its m
 gflops = useful FLOPs on the real lengths (attention forward
 2 * H * (Dqk + Dv) * s**2 / 2 per sequence, x3.5 with backward) / forward+backward time;
 frac_of_peak divides by the GEMM peak of this machine measured in the same run (grlib.hardware:
-warm square GEMMs, on-CPU time, the best of torch.mm's BLAS and oneDNN), frac_of_nominal by its
+warm square GEMMs, on-CPU time, the best of torch.mm's BLAS and oneDNN; the higher of a reading
+before the rows and one after, both recorded), frac_of_nominal by its
 nominal peak (grlib.hardware: cores x FLOP per cycle x clock); both in the kernels' dtype.
 fwd_bwd_cpu_ms / gflops_on_cpu / frac_of_peak_on_cpu time each forward+backward as the peak's
 GEMMs are timed, min(wall, process CPU time / threads): exact with one thread, and on a machine
@@ -203,7 +204,7 @@ def measure(cfg, ablation: KernelsAblation, table: str, batch: int | None = None
     """Runs the plan (one child process per row), appends the rows to `table` and returns them."""
     kc = cfg.kernels
     heads, head_dim = cfg.model.n_heads, cfg.model.d_model // cfg.model.n_heads
-    peak = matmul_peak_gflops(DTYPES[kc.dtype], threads)
+    before = matmul_peak_gflops(DTYPES[kc.dtype], threads)
     nominal = hardware.nominal_peak(kc.dtype, threads=threads or torch.get_num_threads())
     rows = []
     specs = plan(kc, ablation, batch)
@@ -213,14 +214,20 @@ def measure(cfg, ablation: KernelsAblation, table: str, batch: int | None = None
                 "seed": cfg.train.seed, **spec}
         row = run_child(spec) if kc.isolate else _in_process(spec)
         row["isolated"] = kc.isolate
+        row["load_1m"] = os.getloadavg()[0]  # the machine's load as the row was measured
+        rows.append(row)
+    # the higher of two readings, before and after the rows (as bench train): one reading taken
+    # while other jobs held a core would lower the peak and raise every fraction
+    after = matmul_peak_gflops(DTYPES[kc.dtype], threads)
+    peak = max(before, after)
+    for row in rows:
         row["frac_of_peak"] = row["gflops"] / peak
         row["frac_of_peak_on_cpu"] = row["gflops_on_cpu"] / peak
         row["matmul_peak_gflops"] = peak
+        row["matmul_peak_before_gflops"], row["matmul_peak_after_gflops"] = before, after
         row["frac_of_nominal"] = row["gflops"] * 1e9 / nominal.flops
         row["nominal_peak_gflops"] = nominal.flops / 1e9
         row["nominal_peak_how"] = nominal.how
-        row["load_1m"] = os.getloadavg()[0]  # the machine's load as the row was measured
-        rows.append(row)
     _add_ratios(rows)
     results.append_rows(table, rows, cfg)
     return rows
