@@ -50,6 +50,13 @@ def test_bench_train_smoke(isolated_outputs, capsys):
         assert r["mfu_nominal"] == pytest.approx(r["mfu"] * r["peak_flops"] / r["nominal_peak_flops"])
         assert r["peak_flops"] == max(r[f"peak_{lib}"] for lib in perf.gemm_libraries())
         assert r["load_1m"] >= 0 and r["step_cpu_ms"] > 0 and r["mfu_on_cpu"] > 0
+        # the GEMM-only bound: projections (2 T d 5d, x3) at the measured projection rate, the loss at the peak
+        d, T, peak = r["d_model"], r["tokens_per_step"], r["peak_flops"]
+        gemm_s = 30 * r["n_layers"] * T * d * d / (r["gemm_share_of_peak"] * peak) + r["loss_flops_per_step"] / peak
+        assert r["gemm_bound_ms"] == pytest.approx(gemm_s * 1e3)
+        assert r["mfu_gemm_bound"] == pytest.approx(r["flops_per_step"] / gemm_s / peak)
+        assert r["mfu_gemm_bound"] > 0  # (not above mfu always: the projection rate is timed once, on a shared machine)
+        assert r["other_ms"] == pytest.approx(r["step_ms"] - r["gemm_bound_ms"])
         assert (r["precision"], r["peak_dtype"], r["nominal_peak_dtype"]) == ("fp32", "float32", "float32")
 
 

@@ -19,9 +19,12 @@ grlib op on its PyTorch reference through ops.registry.preferring; compile time 
 `compile_s`, the warm-up steps' time beyond their share of the timed median). Then the top ops by
 self CPU time of the `auto` row's steps (torch.profiler), so the next step is visible.
 The baselines of the same run: the `reference` (padded) attention, and the model's own projection
-GEMM shapes timed alone (`gemm_share_of_peak`: what the projections reach by themselves). `mfu_with_loss` adds the
-sampled softmax's logit products (perf.loss_flops), which the HSTU formula leaves out. Rows record
-the OpenMP wait policy and threads (grlib.threads) and go to results/tables/bench_train.parquet.
+GEMM shapes timed alone (`gemm_share_of_peak`: what the projections reach by themselves). From it,
+`gemm_bound_ms` / `mfu_gemm_bound` (gemm_bound): the step and its MFU if nothing but the GEMMs took
+time, an upper bound on what any speed-up of the other ops can reach; `other_ms` is the rest of the
+step. `mfu_with_loss` adds the sampled softmax's logit products (perf.loss_flops), which the HSTU
+formula leaves out. Rows record the OpenMP wait policy and threads (grlib.threads) and go to
+results/tables/bench_train.parquet.
 
 `--precision bf16` runs the same table with model.precision = bf16 (HSTU's projections on bf16
 copies of the fp32 weights: grlib.model.hstu) and divides by the bf16 peaks, measured (bf16 GEMMs,
@@ -135,6 +138,17 @@ def _gemm_share(T: int, d: int, peak: float, dtype: torch.dtype = torch.float32)
     return 2 * T * d * 5 * d / (ms / 1e3) / peak
 
 
+def gemm_bound(T: int, flops: float, loss_flops: float, cfg, gemm_share: float, peak: float) -> tuple[float, float]:
+    """(ms, MFU) of a step of T tokens (flops, loss_flops per step) if nothing but its GEMMs took time:
+    HSTU's projections (2 T d 5d per layer, x3 with backward) at the rate their shapes reach alone in
+    this run (gemm_share x peak), the loss's logit GEMMs (perf.loss_flops) at the peak itself. An
+    upper bound on the step's MFU: every other op (attention, LayerNorm, dropout, SiLU, embeddings,
+    softmax, optimizer) is priced at zero."""
+    d = cfg.model.d_model
+    seconds = 3 * cfg.model.n_layers * 2 * T * 5 * d * d / (gemm_share * peak) + loss_flops / peak
+    return seconds * 1e3, perf.mfu(flops, seconds, peak)
+
+
 def top_ops(cfg, data, batches, n: int, steps: int = 3) -> list[dict]:
     """The n ops with the most self CPU time over `steps` profiled training steps (torch.profiler)."""
     from torch.profiler import ProfilerActivity, profile
@@ -175,6 +189,7 @@ def run(args: argparse.Namespace) -> list[dict]:
         total_s, flops, loss_flops = sum(step_s), sum(r["flops"] for r in recs), sum(r["loss_flops"] for r in recs)
         step_ms = statistics.median(step_s) * 1e3
         base = step_ms if (impl, compiled) == ("reference", False) else base
+        gemm_ms, mfu_bound = gemm_bound(T, flops / len(recs), loss_flops / len(recs), cfg, gemm, peak)
         n_warm = max(args.warmup, 3) if compiled else args.warmup
         rows.append({
             "attention_impl": impl, "compiled": compiled, "auto": impl == auto and not compiled,
@@ -194,12 +209,14 @@ def run(args: argparse.Namespace) -> list[dict]:
             **thread_columns(), "load_1m": load,
             "loss_flops_per_step": loss_flops / len(recs), "mfu_with_loss": perf.mfu(flops + loss_flops, total_s, peak),
             "mfu_with_loss_nominal": perf.mfu(flops + loss_flops, total_s, nominal.flops),
+            "gemm_bound_ms": gemm_ms, "other_ms": step_ms - gemm_ms, "mfu_gemm_bound": mfu_bound,
         })
     for row in rows:
         row["speedup_vs_reference"] = base / row["step_ms"] if base else float("nan")
     print_table([{k: r[k] for k in ("attention_impl", "compiled", "auto", "step_ms", "step_cpu_ms", "compile_s",
                                     "forward_share", "loss_share", "backward_share", "optimizer_share",
-                                    "gemm_share_of_peak", "mfu", "mfu_nominal", "mfu_on_cpu", "mfu_with_loss",
+                                    "gemm_share_of_peak", "gemm_bound_ms", "other_ms", "mfu", "mfu_nominal",
+                                    "mfu_on_cpu", "mfu_gemm_bound", "mfu_with_loss",
                                     "speedup_vs_reference")} for r in rows],
                 f"bench train: scale {cfg.scale}, HSTU {cfg.model.n_layers}x{cfg.model.n_heads} d={cfg.model.d_model} "
                 f"({cfg.model.precision}; loss {cfg.negatives.precision}), "
@@ -207,6 +224,8 @@ def run(args: argparse.Namespace) -> list[dict]:
                 f"{args.steps} timed steps each; {threads.describe()}; load average {load:.2f}\n"
                 f"mfu: against the {measured.describe()}\n"
                 f"mfu_nominal: against the {nominal.describe()}\n"
+                f"gemm_bound_ms / mfu_gemm_bound: the step if nothing but its GEMMs took time (projections at "
+                f"gemm_share_of_peak, the loss's logit GEMMs at the peak); other_ms = step_ms - gemm_bound_ms\n"
                 f"The paper's 54.71% MFU compares with mfu_nominal (a nominal peak, NVIDIA's convention).")
     if args.top > 0:
         print_table(top_ops(cfg.replace({"model.attention_impl": auto}), data, batches, args.top),

@@ -183,6 +183,9 @@ def _mfu(scale: str) -> list[Found]:
         if ref.height:
             ref_value = ref["mfu_nominal"][0] if nominal is not None else ref["mfu"][0]
             how += f"; padded reference {Figure.of(ref_value, mfu.unit).short()}"
+        if r.get("mfu_gemm_bound") is not None:  # rows since bench train's GEMM-only bound
+            how += (f"; GEMMs alone {r['gemm_bound_ms']:.0f} ms of the step: "
+                    f"{Figure.of(r['mfu_gemm_bound'], mfu.unit).short()} of the measured peak if nothing else took time")
         found.append(Found(mfu.key, f"HSTU {r['n_layers']}x{r['n_heads']} d={r['d_model']} ({r['params'] / 1e6:.1f}M "
                                     f"parameters), batch {r['batch']} x max_len {r['max_len']}"
                                     f"{' (preset)' if shape == preset else ''}"
