@@ -19,7 +19,8 @@ grlib op on its PyTorch reference through ops.registry.preferring; compile time 
 `compile_s`, the warm-up steps' time beyond their share of the timed median). Then the top ops by
 self CPU time of the `auto` row's steps (torch.profiler), so the next step is visible.
 The baselines of the same run: the `reference` (padded) attention, and the model's own projection
-GEMM shapes timed alone (`gemm_share_of_peak`: what the projections reach by themselves). From it,
+GEMM shapes timed alone (`gemm_share_of_peak`: what the projections reach by themselves, on-CPU,
+the higher of a reading before the steps and one after, as the peak). From it,
 `gemm_bound_ms` / `mfu_gemm_bound` (gemm_bound): the step and its MFU if nothing but the GEMMs took
 time, an upper bound on what any speed-up of the other ops can reach; `other_ms` is the rest of the
 step. `mfu_with_loss` adds the sampled softmax's logit products (perf.loss_flops), which the HSTU
@@ -48,7 +49,6 @@ from grlib.bench.common import positive_int, print_table, set_threads, thread_co
 from grlib.config import config_from_args
 from grlib.config.choices import MODEL_PRECISIONS
 from grlib.data.catalog import load_dataset
-from grlib.experiments.measure import median_ms
 from grlib.model import build_model, parameter_count
 from grlib.model.hstu import COMPUTE_DTYPES
 from grlib.ops import registry
@@ -130,12 +130,19 @@ def _time_steps(cfg, data, batches, warmup: int, compiled: bool = False) -> tupl
     return records, warmup_s
 
 
-def _gemm_share(T: int, d: int, peak: float, dtype: torch.dtype = torch.float32) -> float:
+def _projection_rate(T: int, d: int, dtype: torch.dtype = torch.float32, repeats: int = 5) -> float:
     """FLOP/s of the layer's projection GEMMs at this batch's shape ([T, d] x [d, 4d], [T, d] x [d, d]),
-    through the model's grlib.ops.linear in `dtype`, / peak."""
+    through the model's grlib.ops.linear in `dtype`: the median on-CPU time (min(wall, process CPU
+    time / threads)) of warm repeats, as perf.measured_peak times its GEMMs."""
     x, w1, w2 = (torch.randn(*s, dtype=dtype) for s in ((T, d), (4 * d, d), (d, d)))
-    ms = median_ms(lambda: (ops.linear(x, w1), ops.linear(x, w2)), repeats=5, warmup=2)
-    return 2 * T * d * 5 * d / (ms / 1e3) / peak
+    threads_now, times = torch.get_num_threads(), []
+    for i in range(repeats + 2):
+        wall, cpu = time.perf_counter(), time.process_time()
+        ops.linear(x, w1), ops.linear(x, w2)
+        wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+        if i >= 2:
+            times.append(min(wall, cpu / threads_now))
+    return 2 * T * d * 5 * d / statistics.median(times)
 
 
 def gemm_bound(T: int, flops: float, loss_flops: float, cfg, gemm_share: float, peak: float) -> tuple[float, float]:
@@ -174,14 +181,16 @@ def run(args: argparse.Namespace) -> list[dict]:
     data, batches = _batches(cfg, max(args.warmup, 3) + args.steps)
     dtype = COMPUTE_DTYPES[cfg.model.precision]
     nominal = hardware.nominal_peak(str(dtype).removeprefix("torch."), threads=torch.get_num_threads())
+    T = int(np.mean([b.item_ids.numel() for b in batches]))
+    projection_before = _projection_rate(T, cfg.model.d_model, dtype)
     with perf.measured_peak(dtype=dtype) as measured:
         timed = {(impl, compiled): _time_steps(cfg.replace({"model.attention_impl": impl}), data, batches,
                                                max(args.warmup, 3) if compiled else args.warmup, compiled)
                  for impl, compiled in variants}
     peaks, peak = (measured.before, measured.after), measured.flops
     load = os.getloadavg()[0]
-    T = int(np.mean([b.item_ids.numel() for b in batches]))
-    gemm = _gemm_share(T, cfg.model.d_model, peak, dtype)
+    # the projections' rate: the higher of a reading before the steps and one after (as the peak)
+    gemm = max(projection_before, _projection_rate(T, cfg.model.d_model, dtype)) / peak
     count = parameter_count(build_model(cfg.model, data.n_items, cfg.data.max_len, device="meta"))
     rows, base = [], None
     for (impl, compiled), (recs, warmup_s) in timed.items():
