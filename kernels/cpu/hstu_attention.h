@@ -105,14 +105,6 @@ void pack_rows(const scalar_t* src, int64_t stride, int64_t n, int64_t D, int64_
   }
 }
 
-// rows [n, Dp] -> dst [Dp, BLK] transposed, zero padded past n.
-template <typename T>
-void transpose_rows(const T* __restrict rows, int64_t n, int64_t Dp, T* __restrict dst) {
-  std::fill(dst, dst + Dp * BLK, T(0));
-  for (int64_t r = 0; r < n; ++r)
-    for (int64_t d = 0; d < Dp; ++d) dst[d * BLK + r] = rows[r * Dp + d];
-}
-
 // n rows of a [T, H, D] tensor -> dst [Dp, BLK] transposed (times `scale`; of SiLU(x) when `act`),
 // zero padded; through a per-thread row buffer (pack_rows, then transpose_rows).
 template <typename scalar_t, typename T>

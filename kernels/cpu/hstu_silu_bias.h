@@ -92,8 +92,9 @@ struct TimeRuns {
 // how every pass calls it (the causal part of a row: keys before a query, or queries after a key).
 // The first and last entries decide: one bucket, one run; two adjacent buckets, a boundary found by
 // bisection (a row far from the diagonal costs a few evaluations, not one per entry); more (rows
-// near the diagonal), every entry's bucket (vectorised), then each run's end by counting the
-// entries before it.
+// near the diagonal), every entry's bucket (vectorised), then a run starts wherever the bucket
+// changes: the starts are compacted without branches (a store per entry, the count advancing only
+// at a change), so the cost does not grow with the number of buckets.
 inline void time_runs(const int64_t* tsv, int64_t tsc, int64_t x0, int64_t x1, int64_t Bt, TimeRuns& out) {
   out.n = 0;
   if (x0 >= x1) return;
@@ -114,21 +115,16 @@ inline void time_runs(const int64_t* tsv, int64_t tsc, int64_t x0, int64_t x1, i
   } else {
     int32_t bk[BLK];
     for (int64_t x = x0; x < x1; ++x) bk[x] = static_cast<int32_t>(time_bucket(tsv[x] - tsc, Bt));
-    const int64_t step = bl > bf ? 1 : -1;
-    int64_t start = x0;
-    for (int64_t v = bf; v != bl; v += step) {  // entries at or before bucket v (in the row's order)
-      int64_t count = 0;
-      const int32_t w = static_cast<int32_t>(v);
-      if (step > 0)
-        for (int64_t x = x0; x < x1; ++x) count += bk[x] <= w;
-      else
-        for (int64_t x = x0; x < x1; ++x) count += bk[x] >= w;
-      if (x0 + count > start) {
-        out.run[out.n++] = {start, x0 + count, v};
-        start = x0 + count;
-      }
+    int32_t start[BLK + 1];  // start[0 .. n): the runs' first entries
+    int64_t n = 1;
+    start[0] = static_cast<int32_t>(x0);
+    for (int64_t x = x0 + 1; x < x1; ++x) {
+      start[n] = static_cast<int32_t>(x);
+      n += bk[x] != bk[x - 1];
     }
-    out.run[out.n++] = {start, x1, bl};
+    start[n] = static_cast<int32_t>(x1);
+    for (int64_t r = 0; r < n; ++r) out.run[r] = {start[r], start[r + 1], bk[start[r]]};
+    out.n = n;
   }
 }
 

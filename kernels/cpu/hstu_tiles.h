@@ -15,6 +15,10 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstring>
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#endif
 
 namespace hstu {
 
@@ -94,6 +98,72 @@ inline void add_const(T* dst, int64_t x0, int64_t x1, T v) {
 template <typename T>
 inline void add_row(T* dst, const T* src, int64_t x0, int64_t x1) {
   masked_add(dst, x0, x1, [src](int64_t c) { return vload(src + c); });
+}
+
+// ---- transposing ----------------------------------------------------------------------------
+
+#if defined(__AVX512F__)
+// dst[c * ldd + r] = src[r * lds + c] for a 16 x 16 block of floats, in registers: 16 row loads,
+// four rounds of 16 shuffles (32-bit, 64-bit, then 128-bit lane pairs twice), 16 row stores.
+// A copy: the values are moved bit for bit.
+inline void transpose16(const float* __restrict src, int64_t lds, float* __restrict dst, int64_t ldd) {
+  __m512 r[16], t[16];
+  for (int i = 0; i < 16; ++i) r[i] = _mm512_loadu_ps(src + i * lds);
+  for (int i = 0; i < 16; i += 2) {  // t[i], t[i + 1]: rows i, i + 1 interleaved by 32 bits
+    t[i] = _mm512_unpacklo_ps(r[i], r[i + 1]);
+    t[i + 1] = _mm512_unpackhi_ps(r[i], r[i + 1]);
+  }
+  for (int i = 0; i < 16; i += 4) {  // 64-bit interleave of the pairs (i, i + 2) and (i + 1, i + 3)
+    const __m512d a = _mm512_castps_pd(t[i]), b = _mm512_castps_pd(t[i + 1]);
+    const __m512d c = _mm512_castps_pd(t[i + 2]), d = _mm512_castps_pd(t[i + 3]);
+    r[i] = _mm512_castpd_ps(_mm512_unpacklo_pd(a, c));
+    r[i + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(a, c));
+    r[i + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(b, d));
+    r[i + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(b, d));
+  }
+  for (int h = 0; h < 16; h += 8)  // 128-bit lanes: even and odd lanes of r[h + i], r[h + i + 4]
+    for (int i = 0; i < 4; ++i) {
+      t[h + i] = _mm512_shuffle_f32x4(r[h + i], r[h + i + 4], 0x88);
+      t[h + i + 4] = _mm512_shuffle_f32x4(r[h + i], r[h + i + 4], 0xdd);
+    }
+  for (int i = 0; i < 8; ++i) {  // and again across the two halves: row i and row i + 8 of the result
+    r[i] = _mm512_shuffle_f32x4(t[i], t[i + 8], 0x88);
+    r[i + 8] = _mm512_shuffle_f32x4(t[i], t[i + 8], 0xdd);
+  }
+  for (int i = 0; i < 16; ++i) _mm512_storeu_ps(dst + i * ldd, r[i]);
+}
+#endif
+
+// rows [n, Dp] -> dst [Dp, BLK] transposed, zero padded past n (n <= BLK; Dp a multiple of VEC).
+// With AVX-512, floats go in 16 x 16 register blocks (a partial block through a zero-padded copy);
+// else (and for doubles) entry by entry. Either way a copy: bitwise the same values.
+template <typename T>
+void transpose_rows(const T* __restrict rows, int64_t n, int64_t Dp, T* __restrict dst) {
+#if defined(__AVX512F__)
+  if constexpr (sizeof(T) == 4) {
+    const int64_t full = n / 16 * 16;
+    for (int64_t r0 = 0; r0 < full; r0 += 16)
+      for (int64_t d0 = 0; d0 < Dp; d0 += 16) transpose16(rows + r0 * Dp + d0, Dp, dst + d0 * BLK + r0, BLK);
+    if (full < n) {
+      alignas(64) float part[16 * 16];
+      for (int64_t d0 = 0; d0 < Dp; d0 += 16) {
+        for (int64_t r = 0; r < 16; ++r)
+          if (full + r < n)
+            std::memcpy(part + r * 16, rows + (full + r) * Dp + d0, 16 * sizeof(float));
+          else
+            std::fill(part + r * 16, part + r * 16 + 16, 0.0f);
+        transpose16(part, 16, dst + d0 * BLK + full, BLK);
+      }
+    }
+    const int64_t done = round_up(n, 16);
+    if (done < BLK)
+      for (int64_t d = 0; d < Dp; ++d) std::fill(dst + d * BLK + done, dst + d * BLK + BLK, T(0));
+    return;
+  }
+#endif
+  std::fill(dst, dst + Dp * BLK, T(0));
+  for (int64_t r = 0; r < n; ++r)
+    for (int64_t d = 0; d < Dp; ++d) dst[d * BLK + r] = rows[r * Dp + d];
 }
 
 // ---- micro-kernels (Dp, Ep: multiples of VEC; tiles have row stride BLK) -----------------------
