@@ -17,7 +17,7 @@
 // from a register-blocked micro-kernel (only the vectors the causal mask leaves on a diagonal
 // tile), bias + SiLU (+ the mask on the diagonal tile) are applied in place by vectorisable loops,
 // and the tile is multiplied into the task's accumulator. Where a sequence's timestamps are sorted
-// (checked per call), a tile row's time buckets form a few constant runs (found by bisection), and
+// (checked per call), a tile row's time buckets form a few constant runs (time_runs), and
 // the time bias and its gradient go run by run as masked vector ops; else bucket by bucket. Nothing larger than a tile (a sequence's
 // keys and values in the forward) is materialised; backward recomputes the scores.
 //
