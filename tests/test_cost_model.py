@@ -95,13 +95,14 @@ def test_flops_cost_is_sequence_flops_per_sequence(cfg, lengths):
 
 def test_calibrated_layer_is_quadratic():
     """One HSTU layer (d_model 64, the compiled CPU kernel), 12 lengths 16..4096: a quadratic in
-    the length explains the measured seconds (R^2 >= 0.98); the thread count is restored."""
+    the length explains the measured seconds (R^2 >= 0.98); the thread count is restored. At
+    calibrate_layer's own settings (5 repeats of >= 50 ms): with 3 of >= 20 ms, the fit read 0.943
+    once under make test's second worker, and 0.985-1.000 beside a busy core (0.995-1.000 here)."""
     threads = torch.get_num_threads()
-    rows = calibrate_layer(ModelConfig(name="hstu", n_heads=2, d_model=64), LENGTHS.tolist(), repeats=3,
-                           min_seconds=0.02)
+    rows = calibrate_layer(ModelConfig(name="hstu", n_heads=2, d_model=64), LENGTHS.tolist())
     assert torch.get_num_threads() == threads
     assert [r["length"] for r in rows] == LENGTHS.tolist()
-    assert all(r["sequences"] >= 1 and r["repeats"] == 3 and r["seconds_per_sequence"] > 0 for r in rows)
+    assert all(r["sequences"] >= 1 and r["repeats"] == 5 and r["seconds_per_sequence"] > 0 for r in rows)
     fit = fit_quadratic([r["length"] for r in rows], [r["seconds_per_sequence"] for r in rows])
     assert fit.r2 >= 0.98, (fit.params(), rows)
     assert fit.b > 0  # the attention's s^2 is there
