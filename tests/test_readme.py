@@ -80,3 +80,34 @@ def test_smoke_command_runs_as_written(command, tmp_path):
     proc = subprocess.run(["bash", "-c", command], cwd=tmp_path, env=env, capture_output=True, text=True,
                           timeout=600)
     assert proc.returncode == 0, f"{command}\n{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}"
+
+
+WRITES = ("--out", "--json", "--checkpoint-dir", "--losses", "--output")  # flags whose value is a path written
+
+
+def _written_paths(command: str) -> list[str]:
+    """The paths a README command writes: the value of each flag in WRITES, papermill's output notebook."""
+    out = []
+    for part in command.split("&&"):
+        args = shlex.split(part)
+        out += [args[i + 1] for i, a in enumerate(args[:-1]) if a in WRITES]
+        if args[:1] == ["papermill"]:
+            out.append(args[2])
+    return out
+
+
+def test_readme_examples_write_under_ignored_folders():
+    """A newcomer who runs a README example leaves `git status` clean: every path it writes is git-ignored."""
+    written = {p for c, _ in COMMANDS for p in _written_paths(c)}
+    assert len(written) >= 5, written
+    proc = subprocess.run(["git", "check-ignore", "--no-index", "--verbose", "--non-matching", *sorted(written)],
+                          cwd=ROOT, capture_output=True, text=True)
+    if proc.returncode == 128:
+        pytest.skip(f"git check-ignore unavailable here: {proc.stderr.strip()}")
+    tracked = [line.split("\t")[-1] for line in proc.stdout.splitlines() if line.startswith("::")]
+    assert not tracked, f"README examples write where git does not ignore: {tracked}"
+
+
+def test_written_paths_are_found():
+    assert _written_paths("mkdir -p a && papermill nb.ipynb results/x.ipynb -p scale smoke") == ["results/x.ipynb"]
+    assert _written_paths("python -m grlib train --json o.json --checkpoint-dir ck") == ["o.json", "ck"]
