@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from grlib import ops
+from grlib.hardware import isa
 from grlib.config import ConfigError, ModelConfig, load_ablation, load_config
 from grlib.model import build_model
 from tests.test_model import N_ITEMS, make_batch
@@ -24,6 +25,11 @@ def _pair(impl: str = "cpu") -> tuple[torch.nn.Module, torch.nn.Module]:
     return models[0], models[1]
 
 
+# bf16 GEMMs need AVX512-BF16; without it (or under GRLIB_ISA=avx2) model.precision=bf16 is refused (tests/test_isa.py)
+needs_bf16 = pytest.mark.skipif(isa.bf16_missing() is not None, reason=f"{isa.bf16_missing()}")
+
+
+@needs_bf16
 @pytest.mark.parametrize("impl", ["reference", "cpu"])
 def test_bf16_projections_track_fp32_and_keep_fp32_masters(impl):
     fp32, bf16 = _pair(impl)
@@ -58,6 +64,7 @@ def test_fp32_projection_is_the_plain_linear_without_casts():
         "ToCopy" not in type(f).__name__ for f, _ in y.grad_fn.next_functions if f is not None)
 
 
+@needs_bf16
 def test_bf16_trains_a_few_steps_and_the_loss_falls():
     from grlib.bench.train import _batches, _build_step
 

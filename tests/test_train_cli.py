@@ -7,6 +7,7 @@ import pytest
 
 from grlib import perf
 from grlib.cli import main
+from grlib.hardware import isa
 
 
 def test_train_cli_popularity_and_hstu_on_ml100k(real_data, isolated_outputs, capsys):
@@ -60,6 +61,8 @@ def test_bench_train_smoke(isolated_outputs, capsys):
         assert (r["precision"], r["peak_dtype"], r["nominal_peak_dtype"]) == ("fp32", "float32", "float32")
 
 
+@pytest.mark.skipif(isa.bf16_missing() is not None,
+                    reason="no bf16 GEMMs on this CPU (or GRLIB_ISA below avx512): tests/test_isa.py checks the refusal")
 def test_bench_train_bf16_divides_by_the_bf16_peaks(isolated_outputs, capsys):
     out = isolated_outputs / "bench.json"
     assert main(["bench", "train", "--scale", "smoke", "--steps", "2", "--warmup", "1", "--impls", "cpu",

@@ -4,6 +4,8 @@ from __future__ import annotations
 import json
 import math
 
+import polars as pl
+
 from grlib import results
 from grlib.config import load_ablation, load_config
 from grlib.experiments import claims, data_stage, report, train_stage
@@ -28,6 +30,13 @@ def test_smoke_stage_chain(isolated_outputs):
     assert results.read_table("train_curves").height == out["curves"].height
     metrics = json.loads(results.metrics_path("train", "smoke").read_text())
     assert set(metrics) >= {"synthetic/hstu", "synthetic/sasrec", "synthetic/popularity", "skipped"}
+    missing = train_stage.precision_missing("bf16")  # a CPU without bf16 GEMMs (or GRLIB_ISA=avx2): skipped, said
+    if missing is not None:
+        assert out["precisions_skipped"] == metrics["precisions_skipped"] == {"bf16": missing}
+        assert out["precision"].height == 0
+        c7 = report.run("smoke")["claims"].filter(pl.col("target") == "C7.bf16").row(0, named=True)
+        assert c7["ours"] == "not measured on this CPU" and c7["met"] is None
+        return
     bf16 = out["precision"]  # HSTU again in bf16, per seed, to a table of its own
     assert bf16.height == 2 and set(bf16["precision"]) == {"bf16"} and set(bf16["model"]) == {"hstu"}
     assert bf16["run_id"].to_list() == table["run_id"][:2].to_list()  # the train run's id: compared within it

@@ -195,7 +195,17 @@ def _mfu(scale: str) -> list[Found]:
 
 
 def _bf16(scale: str) -> list[Found]:
-    """C7.bf16: the newest train_precision run against the fp32 HSTU rows of the same train run."""
+    """C7.bf16: the newest train_precision run against the fp32 HSTU rows of the same train run; "not
+    measured on this CPU" when the newest train stage skipped bf16 (train_stage.precision_missing)."""
+    t = registry.target("C7.bf16")
+    metrics = results.metrics_path("train", scale) if scale else None
+    if metrics is not None and metrics.exists():
+        import json
+
+        why = json.loads(metrics.read_text()).get("precisions_skipped", {}).get("bf16")
+        if why:
+            return [Found(t.key, f"bf16: {t.threshold}", "not measured on this CPU", f"train stage skipped bf16: {why}",
+                          None)]
     run = _latest_run("train_precision", scale)
     if run.height == 0:
         return []

@@ -30,7 +30,7 @@ import altair as alt
 import polars as pl
 import torch
 
-from grlib import perf, results
+from grlib import hardware, perf, results
 from grlib.config import Config, DistConfig, TrainAblation
 from grlib.data.catalog import Dataset, dataset_config, load_dataset
 from grlib.data.download import DownloadError
@@ -190,7 +190,12 @@ def run(cfg: Config, ablation: TrainAblation) -> dict:
     "precision_summary": precision_summary of them}."""
     peak = perf.peak_flops() if any(m != "popularity" for m in ablation.models) else None
     rows, curves, skipped, precision_rows = [], [], {}, []
-    peaks = {p: perf.peak_flops(COMPUTE_DTYPES[p]) for p in ablation.precisions[1:]}  # a bf16 run's MFU: the bf16 peak
+    # a precision this CPU cannot run (bf16 without AVX512-BF16, or under GRLIB_ISA=avx2): skipped, with its reason
+    precisions_skipped = {p: why for p in ablation.precisions[1:] if (why := precision_missing(p)) is not None}
+    for p, why in precisions_skipped.items():
+        print(f"skipped precision {p!r}: {why}")
+    precisions = [p for p in ablation.precisions[1:] if p not in precisions_skipped]
+    peaks = {p: perf.peak_flops(COMPUTE_DTYPES[p]) for p in precisions}  # a bf16 run's MFU: the bf16 peak
     caps = ablation.max_steps or [0] * len(ablation.datasets)
     for name, cap in zip(ablation.datasets, caps):
         ds_cfg = cfg.replace(ablation.dataset_overrides(name))  # the dataset's own settings (e.g. ML-100K's loss)
@@ -209,7 +214,7 @@ def run(cfg: Config, ablation: TrainAblation) -> dict:
                 rows.append({**key, **{k: v for k, v in fit.row.items() if k != "resumed_from"},
                              "overrides": json.dumps(ablation.dataset_overrides(name), sort_keys=True)})
                 curves += [{**key, **c} for c in fit.curve]
-        for precision in ablation.precisions[1:]:  # HSTU again in each other precision (bf16)
+        for precision in precisions:  # HSTU again in each other precision (bf16)
             for seed in ablation.seeds:
                 run_cfg = ds_cfg.replace({"model.name": "hstu", "model.precision": precision, "train.seed": seed,
                                           "train.max_steps": step_budget(ds_cfg.train.max_steps, cap)})
@@ -227,13 +232,19 @@ def run(cfg: Config, ablation: TrainAblation) -> dict:
         precision = results.append_rows("train_precision", precision_rows, cfg, run_id=table["run_id"][0])
     psumm = precision_summary(table, precision)
     results.write_metrics("train", {"scale": cfg.scale, "skipped": skipped, "peak_flops": peak,
+                                    "precisions_skipped": precisions_skipped,
                                     "precision": psumm.to_dicts(), **{
         f"{r['dataset']}/{r['model']}": {k: r[k] for k in ("test_ndcg@10", "test_ndcg@10_std", "test_hr@10",
                                                            "vs_popularity", "peer_ndcg@10", "vs_peer_sasrec",
                                                            "seeds")}
         for r in summ.iter_rows(named=True)}}, scale=cfg.scale)
     return {"table": table, "curves": pl.DataFrame(curves), "summary": summ, "skipped": skipped,
-            "precision": precision, "precision_summary": psumm}
+            "precision": precision, "precision_summary": psumm, "precisions_skipped": precisions_skipped}
+
+
+def precision_missing(precision: str) -> str | None:
+    """Why model.precision `precision` cannot run on this CPU (grlib.hardware.isa), None when it can."""
+    return hardware.isa.bf16_missing() if precision == "bf16" else None
 
 
 def step_budget(scale_cap: int, dataset_cap: int) -> int:

@@ -29,6 +29,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from grlib.hardware.isa import require_bf16
+
 PEAK_SIZES = (1024, 2048)
 
 
@@ -64,6 +66,8 @@ def measure_peak_flops(sizes: tuple[int, ...] = PEAK_SIZES, repeats: int = 5, wa
     above the wall-clock MFU) should another thread of this process burn CPU meanwhile.
     Returns peak_flops, peak_flops_wall (the same from wall times alone), the best per library
     (per_library: {"blas": ..., "onednn": ...}) and both per size of the best library."""
+    if dtype == torch.bfloat16:  # a CPU without bf16 GEMMs: said in a millisecond, not by oneDNN after minutes
+        require_bf16("model.precision=bf16 (the bf16 GEMM peak)")
     threads = torch.get_num_threads()
     per_library, per_size, per_size_wall = {}, {}, {}
     for library in gemm_libraries():

@@ -92,6 +92,10 @@ def _check_onednn(op: str) -> None:
 def linear_onednn(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
     """x [N, in] -> [N, out]: forward and backward GEMMs through oneDNN."""
     _check_onednn("linear")
+    if x.dtype == torch.bfloat16:  # oneDNN's bf16 GEMMs need AVX512-BF16: a clear error, not a failed primitive
+        from grlib.hardware.isa import require_bf16
+
+        require_bf16("linear (bf16 input; model.precision=bf16)")
     return _OneDNNLinear.apply(x.contiguous(), weight, bias)
 
 
