@@ -27,7 +27,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from grlib.data.schema import FIRST_ITEM_ID
+from grlib.schema import FIRST_ITEM_ID
 from grlib.jagged import JaggedBatch
 
 KS = (1, 10, 50)

@@ -23,7 +23,7 @@ from grlib.cli import main
 from grlib.data import download, registry
 from grlib.data.preprocess import prepare_logs
 from grlib.data.registry import DatasetSpec
-from grlib.data.schema import DataError
+from grlib.schema import DataError
 from grlib.data.synthetic import generate_log
 
 LOGS = ("log_standard_a_tiny.csv", "log_standard_b_tiny.csv")

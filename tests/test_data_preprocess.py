@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from grlib.data.preprocess import BYTES_PER_ROW, prepare_logs, read_log
-from grlib.data.schema import LOG_COLUMNS, LOG_SCHEMA, DataError
+from grlib.schema import LOG_COLUMNS, LOG_SCHEMA, DataError
 from grlib.data.sequences import build_sequences
 from grlib.data.synthetic import generate_log, write_log_csv
 

@@ -8,7 +8,7 @@ import pytest
 from grlib.config import DataConfig
 from grlib.data.movielens import ML100K_ITEMS, ML100K_RATINGS, ML100K_USERS, read_ml100k
 from grlib.data.preprocess import prepare_logs, read_log
-from grlib.data.schema import LOG_COLUMNS, LOG_SCHEMA, DataError
+from grlib.schema import LOG_COLUMNS, LOG_SCHEMA, DataError
 from grlib.data.catalog import prepare_to
 
 PURE = ("kuairand_pure/log_standard_4_08_to_4_21_pure.SLICE_from_notebook.csv",

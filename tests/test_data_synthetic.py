@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from grlib.data.preprocess import read_log
-from grlib.data.schema import FIRST_ITEM_ID, LOG_COLUMNS, LOG_SCHEMA
+from grlib.schema import FIRST_ITEM_ID, LOG_COLUMNS, LOG_SCHEMA
 from grlib.data.sequences import SequenceData, build_sequences, ranges_to_index
 from grlib.data.synthetic import (CHUNK_USERS, CLICK_RATE, LONG_VIEW_RATE, PUBLISHED_27K, generate_log,
                                   iter_log_chunks, user_lengths, write_log_csv)

@@ -9,7 +9,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from grlib.data.schema import FIRST_ITEM_ID
+from grlib.schema import FIRST_ITEM_ID
 from grlib.data.sequences import JaggedBatch
 from grlib.evaluate import evaluate, metrics_from_ranks, ranks_from_scores, repeat_fraction
 

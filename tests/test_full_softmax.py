@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from grlib.config import ConfigError, NegativesConfig
-from grlib.data.schema import FIRST_ITEM_ID
+from grlib.schema import FIRST_ITEM_ID
 from grlib.jagged import JaggedBatch
 from grlib.negatives import build_negative_path
 from grlib.ops import jagged_to_padded

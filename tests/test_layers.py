@@ -8,10 +8,16 @@
 Every import of every grlib module is read with ast (module level and inside functions, `import x`
 and `from x import y`, relative ones resolved) and an import of a higher layer fails, naming the
 file and line. A module no rule classifies fails too, so a new module is placed on purpose.
+
+The same imports make two graphs that must have no cycle: packages (grlib.data, grlib.train, ...;
+a top-level module such as grlib.evaluate is its own package), and the modules inside one package
+(a submodule's import of its own package's __init__, the facade that re-exports it, is left out).
+A cycle fails naming its packages or modules and every import line that closes it.
 """
 from __future__ import annotations
 
 import ast
+import sys
 from pathlib import Path
 
 import pytest
@@ -48,7 +54,7 @@ RULES = {
     "grlib.jagged": "base",
     # the log schema (column names, action bits, reserved item ids, DataError): a vocabulary with no
     # grlib import, read by the config's checks and by every layer above
-    "grlib.data.schema": "base",
+    "grlib.schema": "base",
 }
 
 
@@ -127,7 +133,7 @@ def test_every_grlib_import_points_down_and_every_module_has_a_layer():
     assert not problems, "imports that point up (or unclassified modules):\n" + "\n".join(problems)
 
 
-KNOWN = {"grlib", "grlib.config", "grlib.data", "grlib.data.catalog", "grlib.data.schema", "grlib.experiments",
+KNOWN = {"grlib", "grlib.config", "grlib.data", "grlib.data.catalog", "grlib.schema", "grlib.experiments",
          "grlib.experiments.data_stage", "grlib.bench", "grlib.bench.common", "grlib.ops", "grlib.ops.cpu"}
 
 
@@ -152,8 +158,8 @@ KNOWN = {"grlib", "grlib.config", "grlib.data", "grlib.data.catalog", "grlib.dat
     ("grlib.data.catalog", False, "from grlib.wizard import spell\n", ["x.py:1: imports grlib.wizard, which is in no layer"]),
     # downward and sideways imports pass
     ("grlib.bench.common", False, "from grlib.experiments import data_stage\nfrom grlib import ops\nimport numpy\n", []),
-    ("grlib.data.catalog", False, "from grlib.data import schema\nfrom . import schema\nfrom grlib import config\n", []),
-    ("grlib.config", False, "from grlib.data.schema import ACTION_BITS\n", []),
+    ("grlib.data.catalog", False, "from grlib import schema\nfrom .. import schema\nfrom grlib import config\n", []),
+    ("grlib.config", False, "from grlib.schema import ACTION_BITS\n", []),
     ("grlib.ops.cpu", False, "import grlib._C\n", []),
 ])
 def test_the_checker_finds_planted_violations(module, is_package, source, expected):
@@ -161,6 +167,170 @@ def test_the_checker_finds_planted_violations(module, is_package, source, expect
 
 
 def test_layer_rules():
-    assert layer_of("grlib") == "base" and layer_of("grlib.data.schema") == "base"
+    assert layer_of("grlib") == "base" and layer_of("grlib.schema") == "base"
     assert layer_of("grlib.data.catalog") == "library" and layer_of("grlib.cli.train") == "faces"
     assert layer_of("grlibx") is None and layer_of("grlib.unknown") is None
+
+
+# Known cycles, each to be broken (the first two by issue 27's training seam, grlib/fit.py): each
+# edge here is left out of its graph. Strict: an edge that no longer closes a cycle fails, so a fixed one must leave the list,
+# which is to end empty.
+KNOWN_CYCLE_EDGES = {
+    # train/loop.py builds the data-parallel step and the sharded item table, while grlib.dist's
+    # data_parallel, schedules and reshard import grlib.train's step, optimizers and checkpoints
+    ("grlib.train", "grlib.dist"),
+    # data_parallel.py's lazy import of the Schedule that schedules.py builds on DataParallelStep
+    ("grlib.dist.data_parallel", "grlib.dist.schedules"),
+    # not issue 27's: ops/matmul.py's bf16 check (issue 29) imports grlib.hardware.isa, while
+    # grlib.hardware's probes load the compiled kernels through grlib.ops.cpu
+    ("grlib.ops", "grlib.hardware"),
+}
+
+Edges = dict[tuple[str, str], list[str]]  # (importer, imported) -> "file:line: imports target" lines
+
+
+def package_of(module: str) -> str:
+    """grlib.X for every module grlib.X.* (grlib.X itself when it is a top-level module)."""
+    return ".".join(module.split(".")[:2])
+
+
+def import_edges(modules: dict[str, tuple[Path, bool]], known: set[str], package: Path = PACKAGE) -> tuple[Edges, Edges]:
+    """(package edges, module edges inside one package) of every import between two grlib modules.
+    The package root (`grlib`, which sets up the process) is no node of either graph."""
+    packages: Edges = {}
+    inside: Edges = {}
+    for name, (path, is_package) in modules.items():
+        if name == "grlib":
+            continue
+        where = str(path.relative_to(package.parent))
+        for line, target in imported_modules(name, is_package, path.read_text(), known):
+            if target == "grlib" or target == name:
+                continue
+            evidence = f"{where}:{line}: imports {target}"
+            mine, theirs = package_of(name), package_of(target)
+            if mine != theirs:
+                lines = packages.setdefault((mine, theirs), [])
+            elif target != mine:  # a submodule reaching its package's facade is no module edge
+                lines = inside.setdefault((name, target), [])
+            else:
+                continue
+            if evidence not in lines:  # `from a import x, y` is one line
+                lines.append(evidence)
+    return packages, inside
+
+
+def cycles(edges: Edges) -> list[list[str]]:
+    """The nodes of each cycle (strongly connected components of two or more nodes), each sorted."""
+    succ: dict[str, list[str]] = {}
+    for a, b in sorted(edges):
+        succ.setdefault(a, []).append(b)
+        succ.setdefault(b, [])
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found: list[list[str]] = []
+
+    def visit(v: str) -> None:  # Tarjan
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in succ[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    limit = sys.getrecursionlimit()
+    sys.setrecursionlimit(max(limit, 4 * len(succ) + 100))
+    try:
+        for v in succ:
+            if v not in index:
+                visit(v)
+    finally:
+        sys.setrecursionlimit(limit)
+    return sorted(found)
+
+
+def cycle_report(edges: Edges, allowed: set[tuple[str, str]] = frozenset()) -> list[str]:
+    """One message per cycle of `edges` without the `allowed` ones, naming its nodes and the import
+    lines between them; and one per allowed edge that closes no cycle of the full graph (stale)."""
+    kept = {e: v for e, v in edges.items() if e not in allowed}
+    out = []
+    for nodes in cycles(kept):
+        lines = [f"    {a} -> {b}: " + "; ".join(kept[(a, b)]) for a, b in sorted(kept) if a in nodes and b in nodes]
+        out.append("import cycle " + " <-> ".join(nodes) + ":\n" + "\n".join(lines))
+    in_cycles = [set(nodes) for nodes in cycles(edges)]
+    for a, b in sorted(allowed):
+        if not any({a, b} <= nodes for nodes in in_cycles):
+            out.append(f"known cycle edge {a} -> {b} closes no cycle now: remove it from KNOWN_CYCLE_EDGES")
+    return out
+
+
+def test_no_import_cycle_between_packages_nor_inside_one():
+    modules = grlib_modules()
+    packages, inside = import_edges(modules, set(modules))
+    assert ("grlib.data", "grlib.schema") in packages and len(inside) > 20  # the graphs were built
+    allowed = set(KNOWN_CYCLE_EDGES)
+    problems = cycle_report(packages, allowed & set(packages)) + cycle_report(inside, allowed & set(inside))
+    problems += [f"known cycle edge {a} -> {b} is no import now: remove it from KNOWN_CYCLE_EDGES"
+                 for a, b in sorted(allowed - set(packages) - set(inside))]
+    assert not problems, "\n".join(problems)
+
+
+def _plant(tmp_path: Path, files: dict[str, str]) -> dict[str, tuple[Path, bool]]:
+    root = tmp_path / "grlib"
+    for rel, source in files.items():
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_text(source)
+    return grlib_modules(root)
+
+
+def test_a_planted_package_cycle_fails_naming_packages_and_lines(tmp_path):
+    modules = _plant(tmp_path, {
+        "__init__.py": "from grlib import threads\n",
+        "threads.py": "",
+        "data/__init__.py": "",
+        "data/catalog.py": "import json\nfrom grlib.model import build\n",
+        "model/__init__.py": "from grlib.model.build import build\n",
+        "model/build.py": "def build():\n    from grlib.train import step\n",  # a lazy import counts too
+        "train/__init__.py": "",
+        "train/step.py": "from ..data.catalog import load\n",
+        "evaluate.py": "from grlib.data import catalog\n",  # points into the cycle, is not part of it
+    })
+    packages, inside = import_edges(modules, set(modules), tmp_path / "grlib")
+    assert cycles(packages) == [["grlib.data", "grlib.model", "grlib.train"]] and cycles(inside) == []
+    assert cycle_report(packages) == [
+        "import cycle grlib.data <-> grlib.model <-> grlib.train:\n"
+        "    grlib.data -> grlib.model: grlib/data/catalog.py:2: imports grlib.model.build\n"
+        "    grlib.model -> grlib.train: grlib/model/build.py:2: imports grlib.train.step\n"
+        "    grlib.train -> grlib.data: grlib/train/step.py:1: imports grlib.data.catalog"]
+    # an allowed edge breaks the cycle; an allowed edge outside every cycle is reported as stale
+    assert cycle_report(packages, {("grlib.model", "grlib.train")}) == []
+    assert cycle_report(packages, {("grlib.evaluate", "grlib.data")}) == [
+        cycle_report(packages)[0],
+        "known cycle edge grlib.evaluate -> grlib.data closes no cycle now: remove it from KNOWN_CYCLE_EDGES"]
+
+
+def test_a_planted_module_cycle_inside_a_package_fails_but_a_facade_import_does_not(tmp_path):
+    modules = _plant(tmp_path, {
+        "__init__.py": "",
+        "ops/__init__.py": "from grlib.ops.matmul import linear\n",
+        "ops/matmul.py": "def linear():\n    from grlib.ops import transpose\n",  # the facade: no cycle
+        "ops/attention.py": "from grlib.ops.fused import norm\n",
+        "ops/fused.py": "def norm():\n    from . import attention\n",
+    })
+    packages, inside = import_edges(modules, set(modules), tmp_path / "grlib")
+    assert packages == {} and cycles(inside) == [["grlib.ops.attention", "grlib.ops.fused"]]
+    assert cycle_report(inside) == [
+        "import cycle grlib.ops.attention <-> grlib.ops.fused:\n"
+        "    grlib.ops.attention -> grlib.ops.fused: grlib/ops/attention.py:1: imports grlib.ops.fused\n"
+        "    grlib.ops.fused -> grlib.ops.attention: grlib/ops/fused.py:2: imports grlib.ops.attention"]

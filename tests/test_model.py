@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from grlib.config import ConfigError, ModelConfig, load_config
-from grlib.data.schema import FIRST_ITEM_ID
+from grlib.schema import FIRST_ITEM_ID
 from grlib.data.sequences import JaggedBatch
 from grlib.model import (ItemTable, build_model, count_parameters, embedding_parameters, parameter_count,
                          preset_parameters)

@@ -5,7 +5,7 @@ import numpy as np
 import polars as pl
 import torch
 
-from grlib.data.schema import FIRST_ITEM_ID, LOG_COLUMNS, LOG_SCHEMA, OOV_ID
+from grlib.schema import FIRST_ITEM_ID, LOG_COLUMNS, LOG_SCHEMA, OOV_ID
 from grlib.data.sequences import SequenceData, build_sequences, ranges_to_index
 from grlib.data.synthetic import generate_log
 

@@ -21,7 +21,7 @@ import json
 import sys
 
 from grlib import config
-from grlib.data.schema import DataError
+from grlib.schema import DataError
 from grlib.io import OutputRefused
 from grlib.progress import ProgressSettingError
 

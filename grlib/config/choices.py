@@ -3,7 +3,7 @@ grlib.config.ablations) and the command-line choices use these tuples; their ord
 error messages list them in."""
 from __future__ import annotations
 
-from grlib.data.schema import ACTION_BITS
+from grlib.schema import ACTION_BITS
 
 # data
 DATASETS = ("synthetic", "kuairand-pure", "kuairand-1k", "kuairand-27k", "ml-100k")  # data.dataset

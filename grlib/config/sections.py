@@ -11,7 +11,7 @@ from typing import Any
 
 from grlib.config import choices
 from grlib.config.fields import apply, check, nest, one_of
-from grlib.data.schema import FIRST_ITEM_ID
+from grlib.schema import FIRST_ITEM_ID
 
 
 @dataclass(frozen=True)

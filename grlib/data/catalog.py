@@ -44,7 +44,7 @@ from grlib import paths
 from grlib.config import Config, DataConfig, load_config, scale_names
 from grlib.data import download, preprocess, registry
 from grlib.data.movielens import read_ml100k
-from grlib.data.schema import DataError
+from grlib.schema import DataError
 from grlib.data.sequences import SequenceData
 from grlib.data.synthetic import write_log_csv
 from grlib.evaluate import split_repeat_fraction

@@ -40,7 +40,7 @@ import requests
 
 from grlib import io
 from grlib.data.registry import DatasetSpec
-from grlib.data.schema import DataError
+from grlib.schema import DataError
 from grlib.progress import bar
 
 CHUNK = 1 << 20

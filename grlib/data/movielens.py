@@ -9,7 +9,7 @@ from pathlib import Path
 
 import polars as pl
 
-from grlib.data.schema import LOG_COLUMNS, LOG_SCHEMA
+from grlib.schema import LOG_COLUMNS, LOG_SCHEMA
 
 ML100K_USERS, ML100K_ITEMS, ML100K_RATINGS = 943, 1682, 100_000
 

@@ -40,7 +40,7 @@ import pyarrow.parquet as pq
 
 from grlib import io
 from grlib.data.download import check_disk
-from grlib.data.schema import ACTION_BITS, FLAG_COLUMNS, LOG_COLUMNS, LOG_SCHEMA, OOV_ID, DataError
+from grlib.schema import ACTION_BITS, FLAG_COLUMNS, LOG_COLUMNS, LOG_SCHEMA, OOV_ID, DataError
 from grlib.data.sequences import event_columns, group_sequences, vocab_from_counts
 from grlib.progress import bar
 

@@ -4,7 +4,7 @@
 Sequences table (one row per user, parquet):
     user_id       int64
     item_ids      list[int32]   dense vocabulary ids (0 pad, 1 out-of-vocabulary, 2.. by frequency)
-    actions       list[int16]   action bitmask (grlib.data.schema.ACTION_BITS)
+    actions       list[int16]   action bitmask (grlib.schema.ACTION_BITS)
     timestamps    list[int64]   seconds (time_ms // 1000)
     play_time_ms  list[int32]   the user's view time of each event
     duration_ms   list[int32]   the video's duration (<= 0 where the log has none)
@@ -35,7 +35,7 @@ import numpy as np
 import polars as pl
 import torch
 
-from grlib.data.schema import ACTION_BITS, FIRST_ITEM_ID, OOV_ID, action_mask_expr
+from grlib.schema import ACTION_BITS, FIRST_ITEM_ID, OOV_ID, action_mask_expr
 from grlib.jagged import JaggedBatch  # the batch type (re-exported: grlib.data.sequences.JaggedBatch)
 
 TARGETS = ("all", *ACTION_BITS)

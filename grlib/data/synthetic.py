@@ -33,7 +33,7 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 
-from grlib.data.schema import LOG_COLUMNS, LOG_SCHEMA
+from grlib.schema import LOG_COLUMNS, LOG_SCHEMA
 
 # Lognormal fit to the KuaiRand-27K interactions-per-user quantiles (median, p90, p99).
 LENGTH_MEDIAN, LENGTH_MIN, LENGTH_MAX = 8646, 110, 228_030

@@ -28,7 +28,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from grlib.data.schema import PAD_ID
+from grlib.schema import PAD_ID
 from grlib.dist.alltoall import LinkCounters, Route
 from grlib.evaluate import ShardScores
 

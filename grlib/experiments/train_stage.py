@@ -34,7 +34,7 @@ from grlib import hardware, perf, results
 from grlib.config import Config, DistConfig, TrainAblation
 from grlib.data.catalog import Dataset, dataset_config, load_dataset
 from grlib.data.download import DownloadError
-from grlib.data.schema import FIRST_ITEM_ID
+from grlib.schema import FIRST_ITEM_ID
 from grlib.evaluate import evaluate, last_token_scores, popularity_scores
 from grlib.model import build_model, parameter_count
 from grlib.model.hstu import COMPUTE_DTYPES

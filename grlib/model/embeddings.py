@@ -28,7 +28,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from grlib import ops
-from grlib.data.schema import N_ACTION_CODES, PAD_ID
+from grlib.schema import N_ACTION_CODES, PAD_ID
 from grlib.jagged import JaggedBatch
 from grlib.ops.attention import time_buckets
 

@@ -44,7 +44,7 @@ import torch
 from torch import Tensor
 
 from grlib.config import NegativesConfig
-from grlib.data.schema import FIRST_ITEM_ID
+from grlib.schema import FIRST_ITEM_ID
 from grlib.jagged import JaggedBatch
 from grlib.model.embeddings import ItemTable
 from grlib.negatives.samplers import InBatchSampler, Sampler, build_sampler

@@ -26,7 +26,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from grlib.data.schema import FIRST_ITEM_ID
+from grlib.schema import FIRST_ITEM_ID
 
 
 class Sampler:

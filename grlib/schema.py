@@ -1,4 +1,6 @@
-"""The KuaiRand log schema (19 columns, all versions) and the action bitmask.
+"""The KuaiRand log schema (19 columns, all versions), the action bitmask, the reserved item ids and
+DataError: a vocabulary that the config's checks and every layer above read (it imports nothing of
+grlib, so it sits in the base layer; tests/test_layers.py).
 
 KuaiRand's README documents every log column as int64. LOG_SCHEMA keeps int64 for ids, times and
 durations and reads the 0/1 signals as int8 (the same values in an eighth of the memory).
