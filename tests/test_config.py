@@ -103,7 +103,7 @@ def _commands() -> dict[str, "argparse.ArgumentParser"]:
             return {prefix: parser}
         return {k: v for name, sub in subs[0].choices.items() for k, v in walk(sub, f"{prefix} {name}".strip()).items()}
 
-    return walk(build_parser(), "")
+    return walk(build_parser(complete=True), "")
 
 
 def _takes_scale_and_overrides(parser) -> list[str]:

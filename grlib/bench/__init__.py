@@ -4,11 +4,15 @@ optionally JSON, and measures its baseline in the same run. The rows go to the a
 the command says where they went.
 
 Each entry of BENCHES names a module with `add_arguments(parser)` and `run(args) -> list[dict]`.
+A bench module is imported only when the command line names it, and imports its experiment (and
+with it altair) inside `run`, so `--help` and the parser import no stage (tests/test_cli_startup.py).
 """
 from __future__ import annotations
 
 import argparse
+import ast
 import importlib
+import importlib.util
 import json
 from pathlib import Path
 
@@ -27,19 +31,47 @@ BENCHES = {
 }
 
 
-def add_bench_parser(sub: argparse._SubParsersAction) -> None:
+def add_bench_parser(sub: argparse._SubParsersAction, complete: bool = False) -> None:
+    """The `bench` command. Each bench's own arguments are added when the command line names it
+    (BenchParser), or at once with `complete` (for code that reads the parsers without parsing)."""
     bench = sub.add_parser("bench", help="benchmarks (each prints a table and appends result rows; "
                                          "ad-hoc unless --record)")
-    names = bench.add_subparsers(dest="bench", required=True)
+    names = bench.add_subparsers(dest="bench", required=True, parser_class=BenchParser)
     for name, module in BENCHES.items():
-        mod = importlib.import_module(module)
-        p = names.add_parser(name, help=(mod.__doc__ or "").strip().splitlines()[0])
+        p = names.add_parser(name, help=_summary(module))
         p.add_argument("--json", default=None, help="also write the rows as a JSON list to this path")
         add_config_arguments(p)  # --scale (params.yaml's by default) and -o overrides
         p.add_argument("--record", action="store_true",
                        help="append the rows to the committed results/tables/ (default: results/adhoc/tables/)")
-        mod.add_arguments(p)
-        p.set_defaults(func=lambda args, mod=mod: _run(mod, args))
+        p.module = module
+        p.set_defaults(func=lambda args, module=module: _run(importlib.import_module(module), args))
+        if complete:
+            p.populate()
+
+
+class BenchParser(argparse.ArgumentParser):
+    """One bench's parser. Its module (and what that imports: torch models, experiments, altair) is
+    imported, and its `add_arguments` called, only when the command line names that bench, so
+    `python -m grlib --help` and `bench NAME --help` import no other bench."""
+
+    module: str | None = None
+
+    def populate(self) -> "BenchParser":
+        if self.module is not None:
+            module, self.module = self.module, None
+            importlib.import_module(module).add_arguments(self)
+        return self
+
+    def parse_known_args(self, args=None, namespace=None):
+        self.populate()
+        return super().parse_known_args(args, namespace)
+
+
+def _summary(module: str) -> str:
+    """The first line of a bench module's docstring, read from its source without importing it."""
+    spec = importlib.util.find_spec(module)
+    tree = ast.parse(Path(spec.origin).read_text(encoding="utf-8"))
+    return (ast.get_docstring(tree) or "").strip().splitlines()[0]
 
 
 def _run(mod, args: argparse.Namespace) -> int:

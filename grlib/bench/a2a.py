@@ -16,14 +16,11 @@ import argparse
 from grlib import results
 from grlib.bench.common import ablation_from_args, print_table, positive_int
 from grlib.config import config_from_args
-from grlib.experiments import claims as registry
-from grlib.experiments import sparse_stage
-from grlib.experiments.claims import Figure
-from grlib.experiments.report import VERDICTS
+from grlib.config.choices import SPARSE_PARTS
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--parts", nargs="+", default=list(sparse_stage.PARTS), choices=sparse_stage.PARTS,
+    p.add_argument("--parts", nargs="+", default=list(SPARSE_PARTS), choices=SPARSE_PARTS,
                    help="parts to run (gloo, counters, memory and torchrec launch gloo processes)")
     p.add_argument("--presets", nargs="+", default=None, help="modelled clusters (grlib.sim.alltoall.PRESETS)")
     p.add_argument("--ranks", nargs="+", type=positive_int, default=None, help="modelled rank counts (whole nodes)")
@@ -33,6 +30,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> list[dict]:
+    from grlib.experiments import claims as registry
+    from grlib.experiments import sparse_stage
+    from grlib.experiments.claims import Figure
+    from grlib.experiments.report import VERDICTS
+
     cfg = config_from_args(args)
     names = ["presets", "ranks", "gloo_sizes", "gloo_repeats"]
     ab = ablation_from_args("sparse", args, names, sparse_stage.quick)

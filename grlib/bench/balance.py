@@ -15,11 +15,11 @@ import argparse
 from grlib import results
 from grlib.bench.common import ablation_from_args, print_table
 from grlib.config import config_from_args
-from grlib.experiments import balance_stage
+from grlib.config.choices import BALANCE_PARTS
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--parts", nargs="+", default=list(balance_stage.PARTS), choices=balance_stage.PARTS,
+    p.add_argument("--parts", nargs="+", default=list(BALANCE_PARTS), choices=BALANCE_PARTS,
                    help="parts to run (calibrate always runs: the others use its fit)")
     p.add_argument("--ranks", nargs="+", type=int, default=None, help="simulated ranks")
     p.add_argument("--users-per-rank", nargs="+", type=int, default=None)
@@ -31,6 +31,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> list[dict]:
+    from grlib.experiments import balance_stage
+
     cfg = config_from_args(args)
     names = ["ranks", "users_per_rank", "max_lens", "methods", "sim_steps", "pair_steps"]
     ab = ablation_from_args("balance", args, names, balance_stage.quick)

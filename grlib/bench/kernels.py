@@ -17,7 +17,7 @@ import os
 
 from grlib.bench.common import print_table
 from grlib.config import config_from_args, load_ablation
-from grlib.experiments import kernels_stage
+from grlib.config.choices import KERNEL_DTYPES
 
 COLUMNS = ("op", "impl", "regime", "max_len", "batch", "fill", "fwd_ms", "fwd_bwd_ms", "fwd_bwd_cpu_ms", "peak_mem_mb",
            "gflops", "frac_of_peak", "frac_of_peak_on_cpu", "frac_of_nominal", "speedup_vs_reference",
@@ -34,11 +34,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--whole-batch", type=int, default=None, help="sequences of the cpu-only run at the "
                    "largest max_len (default: kernels.whole_batch; 0 skips it)")
     p.add_argument("--repeats", type=int, default=None)
-    p.add_argument("--dtype", choices=sorted(kernels_stage.DTYPES), default=None)
+    p.add_argument("--dtype", choices=sorted(KERNEL_DTYPES), default=None)
     p.add_argument("--threads", type=int, default=None, help="torch threads (default: all cores)")
 
 
 def run(args: argparse.Namespace) -> list[dict]:
+    from grlib.experiments import kernels_stage
+
     cfg = config_from_args(args)
     changes = {"max_lens": args.max_len, "whole_batch": args.whole_batch, "repeats": args.repeats,
                "dtype": args.dtype}

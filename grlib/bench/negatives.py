@@ -14,7 +14,6 @@ import argparse
 from grlib import results, threads
 from grlib.bench.common import positive_int, print_table, set_threads, thread_columns
 from grlib.config import config_from_args, load_ablation
-from grlib.experiments import negatives_stage
 
 COLUMNS = {  # printed name: row key
     "dataset": "dataset", "variant": "variant", "step_ms": "step_ms", "step_x": "step_ratio",
@@ -46,6 +45,8 @@ def grid_overrides(args: argparse.Namespace) -> dict:
 
 
 def run(args: argparse.Namespace) -> list[dict]:
+    from grlib.experiments import negatives_stage
+
     set_threads(args.threads)
     cfg = config_from_args(args)
     ab = load_ablation("negatives", grid_overrides(args))

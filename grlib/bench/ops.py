@@ -11,7 +11,6 @@ import torch
 
 from grlib import ops, results
 from grlib.bench.common import print_table
-from grlib.experiments.measure import kuairand_lengths, median_ms
 from grlib.config import config_from_args
 
 
@@ -30,6 +29,8 @@ def _cases(values: torch.Tensor, offsets: torch.Tensor, max_len: int):
 
 
 def run(args: argparse.Namespace) -> list[dict]:
+    from grlib.experiments.measure import kuairand_lengths, median_ms
+
     cfg = config_from_args(args)
     lengths = torch.from_numpy(kuairand_lengths(args.batch, args.max_len, "scaled"))
     offsets = ops.offsets_from_lengths(lengths)

@@ -14,7 +14,6 @@ import argparse
 from grlib import results
 from grlib.bench.common import ablation_from_args, print_table
 from grlib.config import config_from_args
-from grlib.experiments import scaling_stage
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -26,6 +25,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> list[dict]:
+    from grlib.experiments import scaling_stage
+
     cfg = config_from_args(args)
     names = ["schedules", "ranks", "rounds", "pair_steps"]
     ab = ablation_from_args("scaling", args, names, scaling_stage.quick)

@@ -33,7 +33,9 @@ def _config(args: argparse.Namespace) -> int:
     return 0
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(complete: bool = False) -> argparse.ArgumentParser:
+    """The parser of every command; a bench's own arguments are added when it is named (its module
+    imported then), or all at once with `complete` (to read the parsers without parsing)."""
     from grlib.bench import add_bench_parser
     from grlib.cli import data, notebook, train
 
@@ -48,7 +50,7 @@ def build_parser() -> argparse.ArgumentParser:
                     help="config override, e.g. -o model.d_model=128 -o train.lr=3e-4 (YAML values)")
     cf.set_defaults(func=_config)
 
-    add_bench_parser(sub)
+    add_bench_parser(sub, complete)
     data.add_parser(sub)
     train.add_parser(sub)
     return parser

@@ -39,3 +39,8 @@ BACKENDS = ("auto", "gloo", "nccl", "hccl")
 ITEM_SHARDING = ("replicated", "flat", "hierarchical")  # the item table: on every rank, or row-sharded (all-to-all)
 ITEM_DEDUP = ("none", "rank", "node")  # ids sent once per rank / once per node (hierarchical only)
 SCHEDULES = ("sync", "prefetch", "semisync")  # dist.schedule (grlib.dist.schedules)
+
+# the parts of a stage's measurement (`bench balance --parts`, `bench a2a --parts`: their parsers
+# read these without importing the stage)
+BALANCE_PARTS = ("calibrate", "simulated", "time-sliced", "2-process")  # grlib.experiments.balance_stage
+SPARSE_PARTS = ("gloo", "counters", "model", "memory", "torchrec")  # grlib.experiments.sparse_stage

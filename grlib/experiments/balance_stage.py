@@ -29,7 +29,7 @@ import polars as pl
 import torch
 
 from grlib import plots, results
-from grlib.config import BalanceAblation, Config, DistConfig
+from grlib.config import BalanceAblation, Config, DistConfig, choices
 from grlib.data.synthetic import user_lengths
 from grlib.dist.balance import assign, imbalance, max_over_mean
 from grlib.dist.cost import QuadraticCost, calibrate_layer, fit_quadratic, time_pass
@@ -39,7 +39,7 @@ from grlib.model.hstu import HSTULayer
 from grlib.sim.balance import grid
 
 TABLE = "balance"
-PARTS = ("calibrate", "simulated", "time-sliced", "2-process")
+PARTS = choices.BALANCE_PARTS
 CELL = {"ranks": 64, "users_per_rank": 32, "max_len": 16384}  # the acceptance cell (paper's figure)
 PAPER_BEFORE, PAPER_AFTER = registry.target("C2.before").paper, registry.target("C2.after").paper
 

@@ -38,7 +38,7 @@ import polars as pl
 import torch
 
 from grlib import plots, results
-from grlib.config import Config, SparseAblation, load_config
+from grlib.config import Config, SparseAblation, choices, load_config
 from grlib.data import registry as datasets
 from grlib.data.catalog import load_dataset
 from grlib.data.sequences import SequenceData
@@ -53,7 +53,7 @@ from grlib.sim.alltoall import PRESETS, cut_regime, flat_time, two_stage_time
 from grlib.sim.alltoall import table as model_table
 
 TABLE = "sparse"
-PARTS = ("gloo", "counters", "model", "memory", "torchrec")
+PARTS = choices.SPARSE_PARTS
 PRESET, ACCEPT_RANKS = "gpu-8", (64, 512, 1536)  # C3's acceptance cells
 KUAIRAND = datasets.get("kuairand-27k")  # its published video count sizes the paper's table
 
