@@ -5,50 +5,47 @@ experiment, loaded by name with overrides on top (the notebooks' `ablation_overr
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from grlib.config import choices
-from grlib.config.fields import ConfigError, apply, check, nest, one_of
+from grlib.config.fields import (CHECKED_BY_SECTION, FLAG, ConfigError, above, apply, at_least, check, check_fields,
+                                  choice, each, nest, param, seed)
 from grlib.config.loader import as_mapping, read_params
 from grlib.config.sections import Config, with_sections
+
+
+SEEDS = each(seed())
+# "scale" (the scale's own data) or a dataset name, as data.dataset takes it
+DATASET_OR_SCALE = choice(("scale", *choices.DATASETS), prefix="data.dataset: ")
 
 
 @dataclass(frozen=True)
 class TrainAblation:
     """The grid of the training experiment (notebooks/02_train)."""
 
-    models: list[str] = field(default_factory=lambda: ["hstu", "sasrec", "popularity"])
-    seeds: list[int] = field(default_factory=lambda: [0])
-    datasets: list[str] = field(default_factory=lambda: ["scale"])  # "scale" = the scale's own data
+    models: list[str] = param(rule=each(choice(choices.MODELS)), factory=lambda: ["hstu", "sasrec", "popularity"])
+    seeds: list[int] = param(rule=SEEDS, factory=lambda: [0])
+    datasets: list[str] = param(rule=each(DATASET_OR_SCALE), factory=lambda: ["scale"])  # "scale" = the scale's own data
     # per dataset (same order): a step cap below the scale's train.max_steps, 0 = none; empty = no caps
-    max_steps: list[int] = field(default_factory=list)
+    max_steps: list[int] = param(rule=each(at_least(0), 0), factory=list)
     # config overrides of a dataset (named as in `datasets`) on top of the scale's, e.g.
     # {"ml-100k": {"negatives.temperature": 0.2}}; a dataset without an entry trains with the scale's
     # settings. Checked like load_config's overrides (unknown keys and bad values are errors)
-    overrides: dict[str, Any] = field(default_factory=dict)
+    overrides: dict[str, Any] = param(rule=CHECKED_BY_SECTION, factory=dict)
     # model.precision of HSTU's runs: fp32 (the `train` table) and any other (bf16: the same datasets, seeds
     # and budgets again, to table `train_precision`, compared with fp32 by train_stage.precision_summary)
-    precisions: list[str] = field(default_factory=lambda: ["fp32"])
+    precisions: list[str] = param(rule=each(choice(choices.MODEL_PRECISIONS)), factory=lambda: ["fp32"])
 
     def __post_init__(self) -> None:
-        for m in self.models:
-            check(m in choices.MODELS, "ablations.train.models", f"unknown model {m!r}")
-        for p in self.precisions:
-            one_of(p, choices.MODEL_PRECISIONS, "ablations.train.precisions")
+        check_fields(self, "ablations.train.")
         check(self.precisions[:1] == ["fp32"] and len(set(self.precisions)) == len(self.precisions),
               "ablations.train.precisions", f"must start with fp32 (the baseline) and name each once, "
               f"got {self.precisions}")
         check(self.precisions == ["fp32"] or "hstu" in self.models, "ablations.train.precisions",
               f"{self.precisions[1:]} train HSTU, which ablations.train.models {self.models} leaves out")
-        check(len(self.seeds) >= 1, "ablations.train.seeds", "needs at least one seed")
-        check(len(self.datasets) >= 1, "ablations.train.datasets", "needs at least one dataset")
-        for d in self.datasets:
-            if d != "scale":  # a dataset name, as data.dataset takes it
-                one_of(d, choices.DATASETS, "ablations.train.datasets: data.dataset")
         check(not self.max_steps or len(self.max_steps) == len(self.datasets), "ablations.train.max_steps",
               f"needs one entry per dataset ({len(self.datasets)}), got {len(self.max_steps)}")
-        check(all(n >= 0 for n in self.max_steps), "ablations.train.max_steps", f"must be >= 0, got {self.max_steps}")
         check_dataset_overrides(self.overrides, "ablations.train.overrides")
 
     def dataset_overrides(self, dataset: str) -> dict[str, Any]:
@@ -72,19 +69,13 @@ def check_dataset_overrides(overrides: dict[str, Any], name: str) -> None:
 class KernelsAblation:
     """The grid of the attention-kernel experiment (notebooks/01_kernels, `bench kernels`)."""
 
-    impls: list[str] = field(default_factory=lambda: ["reference", "fbgemm", "cpu"])
-    regimes: list[str] = field(default_factory=lambda: ["truncated", "scaled"])
+    impls: list[str] = param(rule=each(choice(choices.IMPLS)), factory=lambda: ["reference", "fbgemm", "cpu"])
+    regimes: list[str] = param(rule=each(choice(choices.REGIMES)), factory=lambda: ["truncated", "scaled"])
 
     def __post_init__(self) -> None:
-        for impl in self.impls:
-            check(impl in choices.IMPLS, "ablations.kernels.impls",
-                  f"unknown implementation {impl!r}; valid: {choices.IMPLS}")
+        check_fields(self, "ablations.kernels.")
         check("reference" in self.impls, "ablations.kernels.impls",
               "must include 'reference' (every ratio is against it, measured in the same run)")
-        for regime in self.regimes:
-            check(regime in choices.REGIMES, "ablations.kernels.regimes",
-                  f"unknown regime {regime!r}; valid: {choices.REGIMES}")
-        check(len(self.regimes) >= 1, "ablations.kernels.regimes", "needs at least one regime")
 
 
 @dataclass(frozen=True)
@@ -97,38 +88,26 @@ class NegativesAblation:
     R = baseline_negatives and at shared R = async_shared_size; each extra sampler at a shared pool of
     sampler_pool_size."""
 
-    baseline_negatives: int = 128
-    shared_sizes: list[int] = field(default_factory=lambda: [128, 512, 2048, 8192])
-    half_formats: list[str] = field(default_factory=lambda: ["fp16"])  # choices.HALF_FORMATS
-    precision_shared_size: int = 2048
-    async_shared_size: int = 2048
-    async_sampler: str = "popularity"  # the sampler of the sync / async / pre-sampled rows (the costliest)
-    samplers: list[str] = field(default_factory=lambda: ["popularity", "in-batch"])
-    sampler_pool_size: int = 2048
-    datasets: list[str] = field(default_factory=lambda: ["synthetic", "ml-100k"])  # choices.NEGATIVES_DATASETS
-    seeds: list[int] = field(default_factory=lambda: [0])  # quality seeds of the precision rows
-    train_steps: int = 20  # fixed training budget per row (capped by the scale's epochs)
-    eval_users: int = 512  # users ranked per quality run (the first ones; 0 = all)
-    timing_steps: int = 4  # timed steps per variant and round (the first of each round is dropped)
-    timing_rounds: int = 2  # rounds over all variants (interleaved, so drift hits all alike)
+    baseline_negatives: int = param(128, at_least(1))
+    shared_sizes: list[int] = param(rule=each(at_least(1), 0), factory=lambda: [128, 512, 2048, 8192])
+    half_formats: list[str] = param(rule=each(choice(choices.HALF_FORMATS), 0), factory=lambda: ["fp16"])
+    precision_shared_size: int = param(2048, at_least(1))
+    async_shared_size: int = param(2048, at_least(1))
+    # the sampler of the sync / async / pre-sampled rows (the costliest)
+    async_sampler: str = param("popularity", choice(choices.SAMPLERS))
+    samplers: list[str] = param(rule=each(choice(choices.SAMPLERS), 0), factory=lambda: ["popularity", "in-batch"])
+    sampler_pool_size: int = param(2048, at_least(1))
+    datasets: list[str] = param(rule=each(choice(choices.NEGATIVES_DATASETS), 0),
+                                factory=lambda: ["synthetic", "ml-100k"])
+    seeds: list[int] = param(rule=SEEDS, factory=lambda: [0])  # quality seeds of the precision rows
+    train_steps: int = param(20, at_least(1))  # fixed training budget per row (capped by the scale's epochs)
+    eval_users: int = param(512, at_least(0))  # users ranked per quality run (the first ones; 0 = all)
+    # timed steps per variant and round (the first of each round is dropped)
+    timing_steps: int = param(4, at_least(2))
+    timing_rounds: int = param(2, at_least(1))  # rounds over all variants (interleaved, so drift hits all alike)
 
     def __post_init__(self) -> None:
-        name = "ablations.negatives"
-        for f in ("baseline_negatives", "precision_shared_size", "async_shared_size", "sampler_pool_size",
-                  "train_steps", "timing_rounds"):
-            check(getattr(self, f) >= 1, f"{name}.{f}", f"must be >= 1, got {getattr(self, f)}")
-        check(self.timing_steps >= 2, f"{name}.timing_steps", f"must be >= 2, got {self.timing_steps}")
-        check(self.eval_users >= 0, f"{name}.eval_users", f"must be >= 0, got {self.eval_users}")
-        check(all(r >= 1 for r in self.shared_sizes), f"{name}.shared_sizes", "sizes must be >= 1")
-        for h in self.half_formats:
-            one_of(h, choices.HALF_FORMATS, f"{name}.half_formats")
-        for smp in self.samplers:
-            check(smp in choices.SAMPLERS, f"{name}.samplers", f"unknown sampler {smp!r}")
-        check(self.async_sampler in choices.SAMPLERS, f"{name}.async_sampler",
-              f"unknown sampler {self.async_sampler!r}")
-        for ds in self.datasets:
-            one_of(ds, choices.NEGATIVES_DATASETS, f"{name}.datasets")
-        check(len(self.seeds) >= 1, f"{name}.seeds", "needs at least one seed")
+        check_fields(self, "ablations.negatives.")
 
 
 @dataclass(frozen=True)
@@ -146,44 +125,31 @@ class BalanceAblation:
                 max_len pair_max_len) with balance none, then pair_method: all-reduce wait and step time
     """
 
-    methods: list[str] = field(default_factory=lambda: ["random", "snake", "lpt", "kk"])
-    equal_counts: bool = True
-    ranks: list[int] = field(default_factory=lambda: [8, 64, 512, 1536])
-    users_per_rank: list[int] = field(default_factory=lambda: [4, 8, 32])
-    max_lens: list[int] = field(default_factory=lambda: [4096, 16384])
-    sim_steps: int = 20
-    pool_users: int = 27_285  # KuaiRand-27K's user count
-    calibration_points: int = 14
-    calibration_max: int = 4096
-    calibration_repeats: int = 5
-    sliced_ranks: int = 8
-    sliced_users: int = 8
-    sliced_max_len: int = 1024
-    sliced_steps: int = 5
-    sliced_repeats: int = 3
-    pair_method: str = "kk"
-    pair_steps: int = 20
-    pair_batch_size: int = 32
-    pair_max_len: int = 1024
+    methods: list[str] = param(rule=each(choice(choices.BALANCE_METHODS)),
+                               factory=lambda: ["random", "snake", "lpt", "kk"])
+    equal_counts: bool = param(True, FLAG)
+    ranks: list[int] = param(rule=each(at_least(1)), factory=lambda: [8, 64, 512, 1536])
+    users_per_rank: list[int] = param(rule=each(at_least(1)), factory=lambda: [4, 8, 32])
+    max_lens: list[int] = param(rule=each(at_least(1)), factory=lambda: [4096, 16384])
+    sim_steps: int = param(20, at_least(1))
+    pool_users: int = param(27_285, at_least(1))  # KuaiRand-27K's user count
+    calibration_points: int = param(14, at_least(3))  # >= 3 points to fit 3 coefficients
+    calibration_max: int = param(4096, at_least(32))
+    calibration_repeats: int = param(5, at_least(1))
+    sliced_ranks: int = param(8, at_least(1))
+    sliced_users: int = param(8, at_least(1))
+    sliced_max_len: int = param(1024, at_least(2))
+    sliced_steps: int = param(5, at_least(1))
+    sliced_repeats: int = param(3, at_least(1))
+    pair_method: str = param("kk", choice(choices.BALANCERS))
+    pair_steps: int = param(20, at_least(1))
+    pair_batch_size: int = param(32, at_least(1))
+    pair_max_len: int = param(1024, at_least(2))
 
     def __post_init__(self) -> None:
-        name = "ablations.balance"
-        check("random" in self.methods, f"{name}.methods", "must include 'random' (the 'before' of every ratio)")
-        for m in self.methods:
-            check(m in ("random", "snake", "lpt", "kk", "contiguous"), f"{name}.methods",
-                  f"unknown method {m!r}; valid: random, snake, lpt, kk, contiguous")
-        check(self.pair_method in choices.BALANCERS, f"{name}.pair_method",
-              f"unknown balancer {self.pair_method!r}; valid: {choices.BALANCERS}")
-        for f in ("ranks", "users_per_rank", "max_lens"):
-            check(len(getattr(self, f)) >= 1 and all(v >= 1 for v in getattr(self, f)), f"{name}.{f}",
-                  f"needs values >= 1, got {getattr(self, f)}")
-        for f in ("sim_steps", "pool_users", "calibration_repeats", "sliced_ranks", "sliced_users", "sliced_steps",
-                  "sliced_repeats", "pair_steps", "pair_batch_size"):
-            check(getattr(self, f) >= 1, f"{name}.{f}", f"must be >= 1, got {getattr(self, f)}")
-        check(self.calibration_points >= 3, f"{name}.calibration_points", "needs >= 3 points to fit 3 coefficients")
-        check(self.calibration_max >= 32, f"{name}.calibration_max", f"must be >= 32, got {self.calibration_max}")
-        check(self.sliced_max_len >= 2 and self.pair_max_len >= 2, f"{name}.sliced_max_len",
-              "sliced_max_len and pair_max_len must be >= 2")
+        check_fields(self, "ablations.balance.")
+        check("random" in self.methods, "ablations.balance.methods",
+              "must include 'random' (the 'before' of every ratio)")
 
 
 @dataclass(frozen=True)
@@ -202,30 +168,24 @@ class SparseAblation:
     torchrec  the same ids on 2 ranks through TorchRec's row-wise table and grlib's (when true and installed)
     """
 
-    presets: list[str] = field(default_factory=lambda: ["gpu-8", "npu-16"])
-    ranks: list[int] = field(default_factory=lambda: [16, 64, 512, 1536])
-    users_per_rank: int = 32
-    dedup_batches: int = 4
-    gloo_ranks: list[int] = field(default_factory=lambda: [2, 4])
-    gloo_sizes: list[int] = field(default_factory=lambda: [2**k for k in range(16, 23)])  # 64 KiB .. 4 MiB
-    gloo_repeats: int = 15
-    lookup_users: int = 32
-    lookup_repeats: int = 5
-    memory_ranks: list[int] = field(default_factory=lambda: [8, 16, 64, 512, 1536])
-    torchrec: bool = True
+    presets: list[str] = param(rule=each(choice(choices.PRESETS)), factory=lambda: ["gpu-8", "npu-16"])
+    ranks: list[int] = param(rule=each(at_least(1)), factory=lambda: [16, 64, 512, 1536])
+    users_per_rank: int = param(32, at_least(1))
+    dedup_batches: int = param(4, at_least(1))
+    # 4 runs as 2 nodes x 2
+    gloo_ranks: list[int] = param(rule=each(choice((2, 4)), 0), factory=lambda: [2, 4])
+    # bytes per peer, 64 KiB .. 4 MiB
+    gloo_sizes: list[int] = param(rule=each(at_least(1)), factory=lambda: [2**k for k in range(16, 23)])
+    gloo_repeats: int = param(15, at_least(1))
+    lookup_users: int = param(32, at_least(1))
+    lookup_repeats: int = param(5, at_least(1))
+    memory_ranks: list[int] = param(rule=each(at_least(1)), factory=lambda: [8, 16, 64, 512, 1536])
+    torchrec: bool = param(True, FLAG)
 
     def __post_init__(self) -> None:
-        name = "ablations.sparse"
-        check(len(self.presets) >= 1, f"{name}.presets", "needs at least one preset")
-        for f in ("ranks", "memory_ranks"):
-            check(len(getattr(self, f)) >= 1 and all(v >= 1 for v in getattr(self, f)), f"{name}.{f}",
-                  f"needs values >= 1, got {getattr(self, f)}")
-        for r in self.gloo_ranks:
-            check(r in (2, 4), f"{name}.gloo_ranks", f"{r!r} is not one of (2, 4) (4 runs as 2 nodes x 2)")
-        check(len(set(self.gloo_sizes)) >= 2 and all(s >= 1 for s in self.gloo_sizes), f"{name}.gloo_sizes",
-              f"needs >= 2 distinct sizes >= 1 byte (alpha and beta are fitted), got {self.gloo_sizes}")
-        for f in ("users_per_rank", "dedup_batches", "gloo_repeats", "lookup_users", "lookup_repeats"):
-            check(getattr(self, f) >= 1, f"{name}.{f}", f"must be >= 1, got {getattr(self, f)}")
+        check_fields(self, "ablations.sparse.")
+        check(len(set(self.gloo_sizes)) >= 2, "ablations.sparse.gloo_sizes",
+              f"needs >= 2 distinct sizes (alpha and beta are fitted), got {self.gloo_sizes}")
 
 
 @dataclass(frozen=True)
@@ -234,39 +194,29 @@ class SemiAsyncAblation:
     staleness k x seed x dataset on `world` gloo ranks with a row-sharded item table; a worst case
     (worst_items hot items, learning rate worst_lr, each k of worst_staleness) on the scale's twin."""
 
-    staleness: list[int] = field(default_factory=lambda: [0, 1, 2, 4])  # 0 = sync (the baseline)
-    seeds: list[int] = field(default_factory=lambda: [0, 1, 2])
-    datasets: list[str] = field(default_factory=lambda: ["scale", "ml-100k"])
-    max_steps: list[int] = field(default_factory=lambda: [40, 80])  # per dataset
-    world: int = 2
-    items: str = "flat"  # choices.ITEM_SHARDING except replicated: the stale rows come through all-to-alls
-    balance: str = "kk"
-    worst_items: int = 200
-    worst_lr: float = 0.01
-    worst_staleness: list[int] = field(default_factory=lambda: [0, 4, 16])
-    worst_steps: int = 40
+    staleness: list[int] = param(rule=each(at_least(0)), factory=lambda: [0, 1, 2, 4])  # 0 = sync (the baseline)
+    seeds: list[int] = param(rule=SEEDS, factory=lambda: [0, 1, 2])
+    datasets: list[str] = param(rule=each(DATASET_OR_SCALE), factory=lambda: ["scale", "ml-100k"])
+    max_steps: list[int] = param(rule=each(at_least(1)), factory=lambda: [40, 80])  # per dataset
+    world: int = param(2, at_least(2))  # data-parallel ranks
+    # a row-sharded table: the stale rows come through all-to-alls
+    items: str = param("flat", choice(choices.SHARDED_ITEMS))
+    balance: str = param("kk", choice(choices.BALANCERS))
+    worst_items: int = param(200, at_least(2))
+    worst_lr: float = param(0.01, above(0))
+    worst_staleness: list[int] = param(rule=each(at_least(0)), factory=lambda: [0, 4, 16])
+    worst_steps: int = param(40, at_least(1))
     # per dataset, config overrides on top of the scale's (as ablations.train.overrides: params.yaml
     # gives ML-100K the train stage's settings), so each dataset trains as in the train stage
-    overrides: dict[str, Any] = field(default_factory=dict)
+    overrides: dict[str, Any] = param(rule=CHECKED_BY_SECTION, factory=dict)
 
     def __post_init__(self) -> None:
         name = "ablations.semi_async"
+        check_fields(self, f"{name}.")
         check_dataset_overrides(self.overrides, f"{name}.overrides")
-        check(0 in self.staleness and all(k >= 0 for k in self.staleness), f"{name}.staleness",
-              f"needs 0 (sync, the baseline) and values >= 0, got {self.staleness}")
-        check(len(self.seeds) >= 1, f"{name}.seeds", "needs at least one seed")
-        for d in self.datasets:
-            if d != "scale":
-                one_of(d, choices.DATASETS, f"{name}.datasets: data.dataset")
-        check(len(self.max_steps) == len(self.datasets) and all(n >= 1 for n in self.max_steps), f"{name}.max_steps",
-              f"needs one step budget >= 1 per dataset ({len(self.datasets)}), got {self.max_steps}")
-        check(self.world >= 2, f"{name}.world", f"must be >= 2 (data-parallel ranks), got {self.world}")
-        check(self.items in ("flat", "hierarchical"), f"{name}.items",
-              f"must be a sharded table ('flat' or 'hierarchical'), got {self.items!r}")
-        one_of(self.balance, choices.BALANCERS, f"{name}.balance")
-        check(self.worst_items > 1 and self.worst_lr > 0 and self.worst_steps >= 1, f"{name}.worst_items",
-              "worst_items must be > 1, worst_lr > 0, worst_steps >= 1")
-        check(all(k >= 0 for k in self.worst_staleness), f"{name}.worst_staleness", "values must be >= 0")
+        check(0 in self.staleness, f"{name}.staleness", f"needs 0 (sync, the baseline), got {self.staleness}")
+        check(len(self.max_steps) == len(self.datasets), f"{name}.max_steps",
+              f"needs one step budget per dataset ({len(self.datasets)}), got {self.max_steps}")
 
 
 @dataclass(frozen=True)
@@ -286,59 +236,44 @@ class ScalingAblation:
               lengths at min(mfu_max_len, the preset's max_len)), mfu_repeats timed runs
     """
 
-    schedules: list[str] = field(default_factory=lambda: ["sync", "prefetch", "semisync"])
-    staleness: int = 1
-    pair_batch_size: int = 32
-    pair_max_len: int = 1024
-    pair_items: str = "hierarchical"
-    pair_balance: str = "kk"
-    pair_steps: int = 6
-    warm_steps: int = 2
-    rounds: int = 5
-    solo_steps: int = 8
-    gloo_sizes: list[int] = field(default_factory=lambda: [2**k for k in range(10, 23, 2)])  # 1 KiB .. 4 MiB
-    gloo_repeats: int = 9
-    calibration_points: int = 7
-    calibration_repeats: int = 3
-    gantt_steps: int = 3
-    ranks: list[int] = field(default_factory=lambda: [8, 64, 512, 1536])
-    users_per_rank: int = 32
-    regimes: list[str] = field(default_factory=lambda: ["truncated", "scaled"])
-    sim_steps: int = 5
-    preset: str = "gpu-8"
-    device: str = "h100-bf16"
-    value_bytes: int = 4
-    mfu_sequences: int = 4
-    mfu_max_len: int = 4096
-    mfu_regime: str = "scaled"
-    mfu_threads: int = 2
-    mfu_repeats: int = 1
+    schedules: list[str] = param(rule=each(choice(choices.SCHEDULES)), factory=lambda: ["sync", "prefetch", "semisync"])
+    staleness: int = param(1, at_least(1))
+    pair_batch_size: int = param(32, at_least(2))  # even: two ranks of equal shares
+    pair_max_len: int = param(1024, at_least(1))
+    pair_items: str = param("hierarchical", choice(choices.SHARDED_ITEMS))
+    pair_balance: str = param("kk", choice(choices.BALANCERS))
+    pair_steps: int = param(6, at_least(1))
+    warm_steps: int = param(2, at_least(1))  # the model's first step is warm-up
+    rounds: int = param(5, at_least(1))
+    solo_steps: int = param(8, at_least(2))  # >= 2 steps per rank (>= 3 fitted in all)
+    # bytes per peer, 1 KiB .. 4 MiB
+    gloo_sizes: list[int] = param(rule=each(at_least(1)), factory=lambda: [2**k for k in range(10, 23, 2)])
+    gloo_repeats: int = param(9, at_least(1))
+    calibration_points: int = param(7, at_least(3))  # >= 3 lengths (a quadratic)
+    calibration_repeats: int = param(3, at_least(1))
+    gantt_steps: int = param(3, at_least(1))
+    ranks: list[int] = param(rule=each(at_least(2)), factory=lambda: [8, 64, 512, 1536])
+    users_per_rank: int = param(32, at_least(1))
+    regimes: list[str] = param(rule=each(choice(choices.REGIMES)), factory=lambda: ["truncated", "scaled"])
+    sim_steps: int = param(5, at_least(1))
+    preset: str = param("gpu-8", choice(choices.PRESETS))
+    device: str = param("h100-bf16", choice(choices.DEVICES))
+    value_bytes: int = param(4, at_least(1))
+    mfu_sequences: int = param(4, at_least(1))
+    mfu_max_len: int = param(4096, at_least(1))
+    mfu_regime: str = param("scaled", choice(choices.REGIMES))
+    mfu_threads: int = param(2, at_least(1))
+    mfu_repeats: int = param(1, at_least(1))
 
     def __post_init__(self) -> None:
         name = "ablations.scaling"
-        check(len(self.schedules) >= 1 and len(set(self.schedules)) == len(self.schedules), f"{name}.schedules",
+        check_fields(self, f"{name}.")
+        check(len(set(self.schedules)) == len(self.schedules), f"{name}.schedules",
               f"needs distinct schedules, got {self.schedules}")
-        for s in self.schedules:
-            one_of(s, choices.SCHEDULES, f"{name}.schedules")
-        check(self.pair_items in ("flat", "hierarchical"), f"{name}.pair_items",
-              f"must be a sharded table ('flat' or 'hierarchical'), got {self.pair_items!r}")
-        one_of(self.pair_balance, choices.BALANCERS, f"{name}.pair_balance")
-        check(self.pair_batch_size >= 2 and self.pair_batch_size % 2 == 0, f"{name}.pair_batch_size",
-              f"must be even and >= 2 (two ranks of equal shares), got {self.pair_batch_size}")
-        check(self.warm_steps >= 1, f"{name}.warm_steps", f"must be >= 1 (the model's first step), got {self.warm_steps}")
-        check(self.calibration_points >= 3, f"{name}.calibration_points", "needs >= 3 lengths (a quadratic)")
-        check(len(set(self.gloo_sizes)) >= 2 and min(self.gloo_sizes) >= 1, f"{name}.gloo_sizes",
-              f"needs >= 2 distinct sizes >= 1 byte (alpha and beta are fitted), got {self.gloo_sizes}")
-        check(len(self.ranks) >= 1 and min(self.ranks) >= 2, f"{name}.ranks", f"needs values >= 2, got {self.ranks}")
-        for r in self.regimes:
-            one_of(r, choices.REGIMES, f"{name}.regimes")
-        one_of(self.mfu_regime, choices.REGIMES, f"{name}.mfu_regime")
-        check(len(self.regimes) >= 1, f"{name}.regimes", "needs at least one regime")
-        for f in ("staleness", "pair_max_len", "pair_steps", "rounds", "solo_steps", "gloo_repeats",
-                  "calibration_repeats", "gantt_steps", "users_per_rank", "sim_steps", "value_bytes", "mfu_sequences",
-                  "mfu_max_len", "mfu_threads", "mfu_repeats"):
-            check(getattr(self, f) >= 1, f"{name}.{f}", f"must be >= 1, got {getattr(self, f)}")
-        check(self.solo_steps >= 2, f"{name}.solo_steps", "needs >= 2 steps per rank (>= 3 fitted in all)")
+        check(self.pair_batch_size % 2 == 0, f"{name}.pair_batch_size",
+              f"must be even (two ranks of equal shares), got {self.pair_batch_size}")
+        check(len(set(self.gloo_sizes)) >= 2, f"{name}.gloo_sizes",
+              f"needs >= 2 distinct sizes (alpha and beta are fitted), got {self.gloo_sizes}")
 
 
 ABLATIONS: dict[str, type] = {"train": TrainAblation, "kernels": KernelsAblation, "negatives": NegativesAblation,

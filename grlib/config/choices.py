@@ -39,6 +39,12 @@ BACKENDS = ("auto", "gloo", "nccl", "hccl")
 ITEM_SHARDING = ("replicated", "flat", "hierarchical")  # the item table: on every rank, or row-sharded (all-to-all)
 ITEM_DEDUP = ("none", "rank", "node")  # ids sent once per rank / once per node (hierarchical only)
 SCHEDULES = ("sync", "prefetch", "semisync")  # dist.schedule (grlib.dist.schedules)
+BALANCE_METHODS = ("random", "snake", "lpt", "kk", "contiguous")  # ablations.balance.methods (grlib.dist.balance.METHODS)
+SHARDED_ITEMS = ("flat", "hierarchical")  # ITEM_SHARDING's row-sharded tables (ablations.semi_async.items, ...)
+
+# modelled clusters (the keys of grlib.sim.alltoall.PRESETS and grlib.sim.scaleout.DEVICES)
+PRESETS = ("gpu-8", "npu-16")  # ablations.sparse.presets, ablations.scaling.preset
+DEVICES = ("h100-bf16", "h100-fp32")  # ablations.scaling.device
 
 # the parts of a stage's measurement (`bench balance --parts`, `bench a2a --parts`: their parsers
 # read these without importing the stage)
