@@ -9,10 +9,13 @@ experiment sweeps). A notebook loads a scale and overrides single fields from it
     ab = load_ablation("train", {"seeds": [0, 1]})
 
 Unknown scales, sections or fields raise ConfigError listing the valid ones; a value of the wrong
-type or out of range raises ConfigError naming the field.
+type or outside its field's domain raises ConfigError naming the field, the value and the rule.
+Every field declares its domain with its default (fields.param), checked where the dataclass is
+built: `config`, `train`, `bench` and the notebooks refuse the same values.
 
     choices     every choice list (datasets, models, samplers, precisions, ...), written once
-    fields      ConfigError, field checks, type-checked application of values to a dataclass
+    fields      ConfigError, each field's domain (Rule, param, check_fields), type-checked application
+                of values to a dataclass
     sections    DataConfig, ModelConfig, NegativesConfig, TrainConfig, KernelsConfig, Config;
                 DistConfig (run options of data-parallel training, not a scale's section)
     loader      read_params, load_config, overrides (mappings, YAML / JSON text, -o KEY=VALUE)
