@@ -6,8 +6,9 @@ output folder is only ever replaced when grlib made it.
     with output_dir(out, what="prepared data") as tmp:   build a folder in tmp; on success it
         ...                                   replaces `out` (only if `out` is absent, empty, or
                                               carries grlib's marker), else OutputRefused
-    output_dir(out, legacy=("stats.json", ...))   also replaces a marker-less folder holding only
-                                              those files (what older grlib versions wrote there)
+
+A folder without the marker is never replaced unless it is empty, whatever its files are called:
+a user's own stats.json is as safe as their thesis.
 
 `tempfile.mkstemp` / `mkdtemp` create 0600 / 0700 whatever the umask; files made here get
 0666 & ~umask and folders 0777 & ~umask, like `open()` and `mkdir` would.
@@ -19,7 +20,7 @@ import json
 import os
 import shutil
 import tempfile
-from collections.abc import Callable, Collection, Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 MARKER = ".grlib-output"  # file inside every folder grlib built with output_dir()
@@ -70,21 +71,13 @@ def atomic_write_text(path: str | Path, text: str) -> Path:
     return atomic_write_bytes(path, text.encode())
 
 
-def atomic_write_json(path: str | Path, obj: object) -> Path:
-    return atomic_write_text(path, json.dumps(obj, indent=2, sort_keys=True, default=str) + "\n")
+def is_grlib_output(folder: Path) -> bool:
+    """`folder` carries grlib's marker (a plain file, not a link)."""
+    marker = folder / MARKER
+    return marker.is_file() and not marker.is_symlink()
 
 
-def is_grlib_output(folder: Path, legacy: Collection[str] = ()) -> bool:
-    """`folder` carries grlib's marker, or (a folder from a grlib version before the marker) holds
-    nothing but plain files named in `legacy`."""
-    if (folder / MARKER).is_file():
-        return True
-    entries = list(folder.iterdir())
-    return bool(legacy) and bool(entries) and all(
-        e.name in legacy and e.is_file() and not e.is_symlink() for e in entries)
-
-
-def check_replaceable(out: Path, legacy: Collection[str] = ()) -> None:
+def check_replaceable(out: Path) -> None:
     """Raises OutputRefused unless `out` may be replaced: absent, an empty folder, or a folder
     grlib made (is_grlib_output); never the working folder, one of its parents, or the project root."""
     out = Path(out)
@@ -99,19 +92,20 @@ def check_replaceable(out: Path, legacy: Collection[str] = ()) -> None:
                             f"a folder of their own (e.g. {out / 'prepared'})")
     if (real / ".git").exists() or (real / "params.yaml").is_file():
         raise OutputRefused(f"{out}: holds a project checkout (.git or params.yaml); choose another output path")
-    if any(real.iterdir()) and not is_grlib_output(real, legacy):
-        only = f" and holds files other than {', '.join(sorted(legacy))}" if legacy else ""
-        raise OutputRefused(f"{out}: folder is not empty and was not made by grlib (no {MARKER} file{only}); "
-                            f"grlib never deletes files it did not create: choose an empty or new folder")
+    if any(real.iterdir()) and not is_grlib_output(real):
+        held = sorted(e.name for e in real.iterdir())
+        shown = ", ".join(held[:3]) + (f" and {len(held) - 3} more" if len(held) > 3 else "")
+        raise OutputRefused(f"{out}: folder is not empty and was not made by grlib (no {MARKER} file; it holds "
+                            f"{shown}); grlib never deletes files it did not create: choose an empty or new folder")
 
 
 @contextlib.contextmanager
-def output_dir(out: str | Path, what: str = "output", legacy: Collection[str] = ()) -> Iterator[Path]:
+def output_dir(out: str | Path, what: str = "output") -> Iterator[Path]:
     """Yields a temporary sibling folder of `out`; when the block ends without error, writes the
-    marker into it and renames it to `out` (replacing a previous grlib output there; `legacy`: see
-    is_grlib_output). On error the temporary folder is removed and `out` is left as it was."""
+    marker into it and renames it to `out` (replacing a previous grlib output there). On error the
+    temporary folder is removed and `out` is left as it was."""
     out = Path(out)
-    check_replaceable(out, legacy)
+    check_replaceable(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.", suffix=".tmp"))
     os.chmod(tmp, 0o777 & ~umask())
@@ -119,7 +113,7 @@ def output_dir(out: str | Path, what: str = "output", legacy: Collection[str] = 
         yield tmp
         # no timestamp: the same inputs give a byte-identical folder (DVC hashes it)
         (tmp / MARKER).write_text(json.dumps({"what": what}) + "\n")
-        check_replaceable(out, legacy)  # again: something may have appeared there meanwhile
+        check_replaceable(out)  # again: something may have appeared there meanwhile
         old = None
         if out.exists():
             old = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.", suffix=".old"))

@@ -1,6 +1,6 @@
 """`data prepare` never deletes what grlib did not create: `--out .` and foreign folders are
-refused and left as they were, a folder grlib made (marker, or only the files older versions
-wrote) is replaced whole, a failure leaves the previous output and no temporary folder, and the
+refused and left as they were, whatever their files are called (a lone stats.json of the user's
+is as safe as a thesis), a folder grlib made (its marker) is replaced whole, a failure leaves the previous output and no temporary folder, and the
 files and folders made honour the umask."""
 from __future__ import annotations
 
@@ -68,17 +68,29 @@ def test_a_foreign_non_empty_folder_is_refused_and_untouched(tmp_path, capsys, i
     assert _snapshot(tmp_path) == before
 
 
-def test_an_old_grlib_folder_with_an_extra_file_is_refused(tmp_path):
+@pytest.mark.parametrize("names", [["stats.json"], list(PREPARED_FILES), [*PREPARED_FILES, "my_analysis.ipynb"],
+                                   ["notes.txt"], [".hidden"]])
+def test_a_folder_without_the_marker_is_refused_whatever_its_file_names(tmp_path, capsys, isolated_outputs, names):
+    """The names grlib itself writes earn no exception: only the marker, or an empty folder, does."""
     out = tmp_path / "seqs"
     out.mkdir()
-    for name in PREPARED_FILES:
-        (out / name).write_text("old\n")
-    (out / "my_analysis.ipynb").write_text("{}\n")
+    for name in names:
+        (out / name).write_text("the user's own\n")
     before = _snapshot(tmp_path)
-    with pytest.raises(io.OutputRefused, match=r"seqs: folder is not empty .*holds files other than "
-                                               r"sequences.parquet, stats.json, vocab.parquet"):
+    code, err = _prepare_cli(capsys, str(out))
+    assert code == 2 and err.count("\n") == 1 and "Traceback" not in err, err
+    assert err.startswith(f"error: {out}: folder is not empty and was not made by grlib (no {io.MARKER} file; "
+                          f"it holds {sorted(names)[0]}")
+    with pytest.raises(io.OutputRefused, match="seqs: folder is not empty"):
         prepare_logs([_log()], out, max_len=8)
     assert _snapshot(tmp_path) == before
+
+
+def test_an_empty_folder_is_written(tmp_path):
+    out = tmp_path / "seqs"
+    out.mkdir()
+    prepare_logs([_log()], out, max_len=8)
+    assert sorted(p.name for p in out.iterdir()) == sorted([io.MARKER, *PREPARED_FILES])
 
 
 def test_a_folder_grlib_made_is_replaced_whole(tmp_path, capsys, isolated_outputs):
@@ -90,16 +102,6 @@ def test_a_folder_grlib_made_is_replaced_whole(tmp_path, capsys, isolated_output
     second = _snapshot(out)
     assert second.keys() == first.keys() and second["sequences.parquet"] != first["sequences.parquet"]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["data", "seqs"]  # no temporary or old folder left
-
-
-def test_a_folder_from_an_older_grlib_is_replaced(tmp_path):
-    out = tmp_path / "seqs"
-    out.mkdir()
-    for name in PREPARED_FILES:  # what grlib wrote before the marker existed
-        (out / name).write_text("old\n")
-    stats = prepare_logs([_log()], out, max_len=8)
-    assert (out / io.MARKER).is_file() and pl.read_parquet(out / "sequences.parquet").height == stats["users"]
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["seqs"]
 
 
 def test_a_failure_mid_prepare_keeps_the_old_output_and_leaves_no_temporary_folder(tmp_path, monkeypatch):
@@ -138,15 +140,12 @@ def test_prepared_files_and_folders_honour_the_umask(tmp_path, mask, file_mode, 
 def test_the_catalogue_folder_goes_through_the_same_check(isolated_outputs):
     cfg = load_config("smoke", {"data.n_users": 20, "data.max_len": 8})
     processed = catalog.folder(cfg)
-    processed.mkdir(parents=True)
-    (processed / "sequences.parquet").write_text("old\n")  # an older grlib's output: replaced
-    (processed / "stats.json").write_text("{}\n")
     stats = catalog.prepare(cfg)
     assert (processed / io.MARKER).is_file() and stats["dataset"] == "synthetic"
     assert pl.read_parquet(processed / "sequences.parquet").height == stats["users"]
+    catalog.prepare(cfg)  # its own output (the marker): replaced
 
-    (processed / io.MARKER).unlink()
-    (processed / "README.txt").write_text("hand-written\n")  # no marker and a foreign file: refused
+    (processed / io.MARKER).unlink()  # no marker, nothing but the names grlib writes: refused all the same
     before = _snapshot(isolated_outputs)
     with pytest.raises(io.OutputRefused, match=rf"processed/{processed.name}: folder is not empty"):
         catalog.prepare(cfg)

@@ -5,9 +5,8 @@
     python -m grlib data prepare --dataset kuairand-27k --raw-dir FOLDER --out DIR   # logs already on disk
 
 --out DIR is built in a temporary sibling and renamed when complete. An existing DIR is replaced
-only if grlib made it (its .grlib-output marker file, or, from older grlib versions, nothing but
-sequences.parquet, vocab.parquet, stats.json); any other folder, the working folder and a
-checkout are refused (exit 2) and left untouched.
+only if it is empty or grlib made it (its .grlib-output marker file); any other folder, whatever
+its files are called, the working folder and a checkout are refused (exit 2) and left untouched.
 --mirror URL, else the environment variable GRLIB_MIRROR, fetches <URL>/<archive file name>
 instead of the registry URL (Zenodo, GroupLens); the md5 is checked all the same.
 """
@@ -22,8 +21,8 @@ from grlib.config import add_config_arguments
 from grlib.data.registry import DATASETS
 
 OUT_HELP = ("output folder, built beside it and renamed when complete; an existing folder is replaced only "
-            "if grlib made it (its .grlib-output marker, or only sequences.parquet / vocab.parquet / "
-            "stats.json), else refused and left as it is; never the working folder")
+            "if it is empty or grlib made it (its .grlib-output marker), else refused and left as it is; "
+            "never the working folder")
 MIRROR_HELP = ("base URL to fetch the archive from instead of the registry's (the archive's file name is kept, "
                "the md5 still checked); default $GRLIB_MIRROR")
 

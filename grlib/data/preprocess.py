@@ -21,8 +21,8 @@ in its last columns). A parse error is located by a diagnosis scan that runs onl
 `read_log` makes the same checks.
 
 Output: built in a temporary sibling folder and renamed when complete (grlib.io.output_dir); an
-existing folder is replaced only if grlib made it (its marker file, or, from versions before the
-marker, nothing but PREPARED_FILES), else OutputRefused. The parts need about 44 bytes of
+existing folder is replaced only if it is empty or grlib made it (its marker file), else
+OutputRefused. The parts need about 44 bytes of
 temporary disk per row.
 """
 from __future__ import annotations
@@ -223,7 +223,7 @@ def estimated_rows(sources: Sequence[Source]) -> int:
 
 def check_output(out: Path) -> None:
     """OutputRefused unless prepare_logs may write `out` (see the module docstring)."""
-    io.check_replaceable(Path(out), legacy=PREPARED_FILES)
+    io.check_replaceable(Path(out))
 
 
 def prepare_logs(sources: Sequence[Source], out: Path, *, max_len: int, min_item_count: int = 1,
@@ -237,7 +237,7 @@ def prepare_logs(sources: Sequence[Source], out: Path, *, max_len: int, min_item
     to max_len (length_*), click and long-view rates of the rows, buckets used."""
     if not sources:
         raise DataError("no input files")
-    with io.output_dir(out, what="prepared sequences (grlib.data.preprocess)", legacy=PREPARED_FILES) as tmp:
+    with io.output_dir(out, what="prepared sequences (grlib.data.preprocess)") as tmp:
         stats = _prepare(list(sources), tmp, max_len, min_item_count, target, context, bucket_rows)
         stats = {**(extra_stats or {}), **stats}
         (tmp / "stats.json").write_text(json.dumps(stats, indent=2) + "\n")
