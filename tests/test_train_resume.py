@@ -58,3 +58,34 @@ def test_killed_run_resumes_with_the_same_next_losses(tmp_path):
     assert len(r) == len(s) == n
     assert r[:k] == state["losses"] == s[:k]  # history before the kill
     torch.testing.assert_close(torch.tensor(r[k:]), torch.tensor(s[k:]), rtol=0, atol=0)  # the next steps
+
+
+def _table_rows(results: Path) -> int:
+    import polars as pl
+
+    parts = sorted(results.rglob("train_runs/**/*.parquet"))
+    return sum(pl.read_parquet(p).height for p in parts)
+
+
+def test_a_finished_run_resumed_says_so_in_one_line_and_writes_no_row(isolated_outputs, capsys, monkeypatch):
+    """Resuming a checkpoint already at the run's last step trains nothing: one line on stderr, no
+    metrics line, no row (a row would read tokens_per_s 0 and mfu nan); a larger budget goes on."""
+    from grlib.cli import main
+
+    monkeypatch.setenv("GRLIB_PROGRESS", "0")
+    ckpt = isolated_outputs / "ck"
+    argv = ["train", "--scale", "smoke", "--max-steps", "2", "--checkpoint-dir", str(ckpt), "--checkpoint-every", "1"]
+    assert main(argv) == 0
+    capsys.readouterr()
+    results = isolated_outputs / "results"
+    rows = _table_rows(results)
+    assert rows == 1
+    assert main(argv) == 0
+    out, err = capsys.readouterr()
+    assert out == "" and err == (f"{ckpt / 'last.pt'}: the run is finished (step 2 of 2); nothing left to train "
+                                 f"(a larger --max-steps or train.epochs goes on)\n"), (out, err)
+    assert _table_rows(results) == rows
+    assert main([*argv[:4], "3", *argv[5:]]) == 0  # one step more: trained, and its row written
+    out, err = capsys.readouterr()
+    assert err.startswith(f"resuming from {ckpt / 'last.pt'} at step 2") and "steps=3" in out
+    assert _table_rows(results) == rows + 1

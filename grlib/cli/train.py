@@ -18,7 +18,8 @@ JSON keys: ndcg@10, hr@10, mrr (test), params, tokens_per_s, mfu, plus every val
 The row is also appended to table train_runs: under results/adhoc/tables/ unless --record
 (then results/tables/). With --checkpoint-dir a run resumes
 from its last.pt (saying so on stderr) only if it was written with the same dataset, data, model,
-train and negatives settings; otherwise it stops with one line naming what differs.
+train and negatives settings; otherwise it stops with one line naming what differs. A run whose
+checkpoint is already at its last step says so in one line and writes no row.
 """
 from __future__ import annotations
 
@@ -102,6 +103,8 @@ def run_cli(args: argparse.Namespace) -> int:
         fit = fit_and_evaluate(cfg, ds, peak, checkpoint_dir=args.checkpoint_dir,
                                checkpoint_every=args.checkpoint_every)
         name, row, losses = ds.name, fit.row, fit.losses
+    if row.get("resumed_from") and row["steps"] == row["resumed_from"]:
+        return 0  # a finished run resumed: the loop said so in one line; no row (it would read 0 tokens/s, mfu nan)
     out = {"scale": cfg.scale, "dataset": name, "model": args.model, "seed": cfg.train.seed, **row}
     if args.model == "popularity":
         out.update(mfu=None)

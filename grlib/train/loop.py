@@ -102,13 +102,16 @@ def train(model: nn.Module, data: SequenceData, cfg: TrainConfig, max_len: int, 
     name = "last.pt" if world == 1 else f"last.rank{rank}-of-{world}.pt"
     ckpt = Path(checkpoint_dir) / name if checkpoint_dir else None
     run = _RunIdentity(cfg, negatives, {**(identity or {}), **({"world": world} if world > 1 else {})})
-    if ckpt and resume and ckpt.exists():
-        _restore(ckpt, checkpoint.load(ckpt), model, opt, path, rng, pos, result, best, run)
-        print(f"resuming from {ckpt} at step {pos.step} (epoch {pos.epoch}, batch {pos.batch})",
-              file=sys.stderr, flush=True)
-
     per_epoch = data.n_train_batches(cfg.batch_size)
     total = cfg.epochs * per_epoch if not cfg.max_steps else min(cfg.epochs * per_epoch, cfg.max_steps)
+    if ckpt and resume and ckpt.exists():
+        _restore(ckpt, checkpoint.load(ckpt), model, opt, path, rng, pos, result, best, run)
+        if pos.step >= total or pos.epoch >= cfg.epochs:  # trains nothing: steps == resumed_from on return
+            print(f"{ckpt}: the run is finished (step {pos.step} of {total}); nothing left to train "
+                  f"(a larger --max-steps or train.epochs goes on)", file=sys.stderr, flush=True)
+        else:
+            print(f"resuming from {ckpt} at step {pos.step} (epoch {pos.epoch}, batch {pos.batch})",
+                  file=sys.stderr, flush=True)
     save = (lambda: checkpoint.save(ckpt, _snapshot(model, opt, path, pos, result, best, run))) if ckpt else None
     if world > 1:
         schedule = data_parallel.build(model, path, opt, dist_cfg or DistConfig(world=world), runtime, model.cfg,
