@@ -43,6 +43,31 @@ def test_deterministic_chunk_independent_and_csv_round_trip(tmp_path):
     assert a.filter(pl.col("user_id") < CHUNK_USERS).equals(head)
 
 
+def test_the_csv_is_written_atomically_with_the_umask_mode(tmp_path, monkeypatch):
+    import os
+    import stat
+
+    import grlib.data.synthetic as synthetic
+
+    old = os.umask(0o027)
+    try:
+        write_log_csv(tmp_path / "log.csv", 3, 0.003, 80)
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE((tmp_path / "log.csv").stat().st_mode) == 0o640  # grlib.io's mode (mkstemp's: 0o600)
+    before = (tmp_path / "log.csv").read_bytes()
+    chunk = generate_log(3, 0.003, 80)
+
+    def broken(*args, **kwargs):  # one chunk written, then the generation fails
+        yield chunk
+        raise RuntimeError("disk full")
+
+    monkeypatch.setattr(synthetic, "iter_log_chunks", broken)
+    with pytest.raises(RuntimeError, match="disk full"):
+        write_log_csv(tmp_path / "log.csv", 30, 0.003, 80)
+    assert (tmp_path / "log.csv").read_bytes() == before and os.listdir(tmp_path) == ["log.csv"]
+
+
 def test_rates_ranges_and_order():
     log = generate_log(300, 0.02, 2000, seed=1)  # ~60K rows
     rate = lambda col: log[col].cast(pl.Float64).mean()  # noqa: E731

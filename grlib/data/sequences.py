@@ -113,14 +113,6 @@ def build_sequences(log: pl.LazyFrame | pl.DataFrame, max_len: int, min_item_cou
     return group_sequences(events, max_len, context).collect(), vocab
 
 
-def sequence_stats(seqs: pl.DataFrame, vocab: pl.DataFrame) -> dict[str, float | int]:
-    lengths = seqs["item_ids"].list.len()
-    q = {f"length_p{int(p * 100)}": float(lengths.quantile(p)) for p in (0.5, 0.9, 0.99)}
-    return {"users": seqs.height, "items": vocab.height, "events": int(lengths.sum()),
-            "targets": int(seqs["is_target"].list.sum().sum()),
-            "length_min": int(lengths.min() or 0), "length_max": int(lengths.max() or 0), **q}
-
-
 def ranges_to_index(starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
     """Concatenation of arange(s, e) for each (s, e), without a Python loop."""
     lengths = ends - starts

@@ -24,8 +24,6 @@ chunk index), so memory is bounded by one chunk and the log does not depend on h
 from __future__ import annotations
 
 import math
-import os
-import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,6 +31,7 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 
+from grlib.io import atomic_write
 from grlib.schema import LOG_COLUMNS, LOG_SCHEMA
 
 # Lognormal fit to the KuaiRand-27K interactions-per-user quantiles (median, p90, p99).
@@ -190,17 +189,14 @@ def expected_rows(n_users: int, length_factor: float, seed: int = 0) -> int:
 
 def write_log_csv(path: Path, n_users: int, length_factor: float, n_items: int, seed: int = 0) -> int:
     """Streams the log to a KuaiRand-style CSV (header + rows), atomically; returns the row count."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     rows = 0
-    try:
-        with os.fdopen(fd, "wb") as fh:
+
+    def write(tmp: Path) -> None:
+        nonlocal rows
+        with open(tmp, "wb") as fh:
             for i, chunk in enumerate(iter_log_chunks(n_users, length_factor, n_items, seed)):
                 chunk.select(LOG_COLUMNS).write_csv(fh, include_header=i == 0)
                 rows += chunk.height
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+
+    atomic_write(path, write)
     return rows

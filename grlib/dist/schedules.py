@@ -31,7 +31,6 @@ import time
 from collections.abc import Callable, Generator, Iterable, Iterator
 from typing import Any
 
-import numpy as np
 import torch
 from torch import nn
 
@@ -211,8 +210,3 @@ class Schedule:
         changed = torch.stack(between).any(0)  # [V]
         return float(changed[ids].float().mean())
 
-
-def stale_summary(timeline: list[dict]) -> dict[str, float]:
-    """Mean stale fraction over a run's steps."""
-    values = [r.get("stale_fraction", 0.0) for r in timeline]
-    return {"stale_fraction": float(np.mean(values)) if values else 0.0}

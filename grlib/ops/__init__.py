@@ -19,11 +19,11 @@ import math
 from torch import Tensor
 
 from grlib.ops import registry
-from grlib.ops.jagged import Jagged, check_jagged, offsets_from_lengths
+from grlib.ops.jagged import check_jagged, offsets_from_lengths
 from grlib.ops.registry import IMPLS, choose, implementations, runnable
 
 __all__ = [
-    "IMPLS", "Jagged", "choose", "implementations", "offsets_from_lengths", "runnable",
+    "IMPLS", "choose", "implementations", "offsets_from_lengths", "runnable",
     "jagged_to_padded", "padded_to_jagged", "segment_sum", "segment_mean", "segment_expand",
     "hstu_attention", "uvqk_attention", "layer_norm_mul", "layer_norm_mul_dropout", "linear", "matmul_nt", "transpose_copy", "embedding_sum", "dropout_words", "lazy_adam_",
 ]

@@ -1,4 +1,5 @@
-"""The jagged tensor: B variable-length sequences stored back to back, no padding.
+"""The jagged layout the ops take: B variable-length sequences stored back to back, no padding
+(the batch that carries it through the model is grlib.jagged.JaggedBatch).
 
     lengths  = [2, 0, 3]
     values   = [a0 a1 c0 c1 c2]            # [T=5, *F]
@@ -6,8 +7,6 @@
     max_len  = 3                           # upper bound on lengths (the padded width when padding)
 """
 from __future__ import annotations
-
-from dataclasses import dataclass
 
 import torch
 from torch import Tensor
@@ -32,37 +31,3 @@ def check_jagged(values: Tensor, offsets: Tensor, name: str = "values") -> None:
         raise ValueError(f"{name} must have a leading token dimension, got a scalar")
     if offsets.device != values.device:
         raise ValueError(f"{name} is on {values.device} but offsets on {offsets.device}")
-
-
-@dataclass(frozen=True)
-class Jagged:
-    values: Tensor  # [T, *F]
-    offsets: Tensor  # [B+1] int64
-    max_len: int
-
-    def __post_init__(self) -> None:
-        check_jagged(self.values, self.offsets)
-        if self.max_len < 0:
-            raise ValueError(f"max_len must be >= 0, got {self.max_len}")
-
-    @classmethod
-    def from_lengths(cls, values: Tensor, lengths: Tensor, max_len: int | None = None) -> "Jagged":
-        lengths = torch.as_tensor(lengths, dtype=torch.int64, device=values.device)
-        if int(lengths.sum()) != values.shape[0]:
-            raise ValueError(f"lengths sum to {int(lengths.sum())} but values has {values.shape[0]} rows")
-        max_len = int(lengths.max()) if max_len is None and lengths.numel() else (max_len or 0)
-        return cls(values, offsets_from_lengths(lengths), max_len)
-
-    @property
-    def batch_size(self) -> int:
-        return self.offsets.numel() - 1
-
-    @property
-    def total(self) -> int:
-        return self.values.shape[0]
-
-    def lengths(self) -> Tensor:  # [B]
-        return self.offsets[1:] - self.offsets[:-1]
-
-    def with_values(self, values: Tensor) -> "Jagged":
-        return Jagged(values, self.offsets, self.max_len)
