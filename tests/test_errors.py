@@ -3,6 +3,7 @@ corrupt or truncated checkpoints (the file named), resuming with another model o
 differs named), bad overrides and environment settings, output folders grlib did not make."""
 from __future__ import annotations
 
+import importlib.util
 import shutil
 
 import pytest
@@ -105,6 +106,17 @@ def test_model_of_another_shape_is_refused_without_settings(ckpt, tmp_path):
     (["train", "--scale", "smoke", "-o", "model.d_model"], "error: -o 'model.d_model': expected KEY=VALUE"),
     (["train", "--scale", "smoke", "-o", "train.lr=["], "error: -o 'train.lr=[': the value '[' is not valid YAML"),
     (["config", "--scale", "smoke", "-o", "model.depth=3"], "error: unknown parameter 'model.depth'"),
+    (["train", "--scale", "smoke", "-o", "model.d_model=-3"], "error: model.d_model: must be >= 1, got -3"),
+    # a known implementation HSTU attention lacks (or, as triton without triton, cannot load): refused when
+    # the model is built, before any step, not by a traceback from inside the first forward
+    ([*TRAIN, "-o", "model.attention_impl=onednn"], "error: model.attention_impl: 'onednn' cannot run here: "
+                                                    "hstu_attention: implementation 'onednn' is not available"),
+    pytest.param([*TRAIN, "-o", "model.attention_impl=npu"],
+                 "error: model.attention_impl: 'npu' cannot run here: the 'npu' implementation needs torch-npu",
+                 marks=pytest.mark.skipif(importlib.util.find_spec("torch_npu") is not None,
+                                          reason="torch_npu is installed: the npu implementation loads here")),
+    # inside its domain, but the data leave no item: refused where the vocabulary is built
+    ([*TRAIN, "-o", "data.min_item_count=100000"], "error: data.min_item_count=100000: no video is seen that often"),
 ])
 def test_bad_overrides_are_one_line(isolated_outputs, capsys, argv, message):
     assert main(argv) == 2

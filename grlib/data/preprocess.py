@@ -267,6 +267,9 @@ def _prepare(sources: list[Source], work: Path, max_len: int, min_item_count: in
     if counts.height == 0:
         raise DataError(f"{', '.join(map(str, sources))}: no rows")
     vocab = vocab_from_counts(counts, min_item_count)
+    if vocab.height == 0:  # every video out of the vocabulary: nothing a model could rank
+        raise DataError(f"data.min_item_count={min_item_count}: no video is seen that often (the most frequent: "
+                        f"{int(counts['count'].max())} times); lower data.min_item_count")
     to_item = _vocab_lookup(counts, vocab)
 
     empty = group_sequences(pl.LazyFrame(schema=_events_schema()), max_len, context)

@@ -28,12 +28,14 @@ The encoder maps a JaggedBatch to one L2-normalised vector per token ([T, d]).
 """
 from __future__ import annotations
 
+import sys
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from grlib import ops
-from grlib.config import ModelConfig
+from grlib.config import ConfigError, ModelConfig
 from grlib.jagged import JaggedBatch
 from grlib.model.dropout import FastDropout
 from grlib.model.embeddings import Embeddings
@@ -91,6 +93,12 @@ class HSTULayer(nn.Module):
 class HSTU(nn.Module):
     def __init__(self, cfg: ModelConfig, n_items: int):
         super().__init__()
+        if cfg.attention_impl != "auto":  # a named implementation HSTU attention lacks, or one this machine cannot load
+            try:  # the implementation's module, and the packages it imports lazily (grlib.ops.npu.require)
+                fn = ops.registry.resolve("hstu_attention", "cpu", cfg.attention_impl)
+                getattr(sys.modules[fn.__module__], "require", lambda: None)()
+            except (ImportError, ValueError) as err:
+                raise ConfigError(f"model.attention_impl: {cfg.attention_impl!r} cannot run here: {err}") from None
         self.cfg = cfg
         self.embed = Embeddings(n_items, cfg.d_model)
         self.dropout = FastDropout(cfg.dropout)
