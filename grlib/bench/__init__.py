@@ -50,9 +50,9 @@ def add_bench_parser(sub: argparse._SubParsersAction, complete: bool = False) ->
 
 
 class BenchParser(argparse.ArgumentParser):
-    """One bench's parser. Its module (and what that imports: torch models, experiments, altair) is
-    imported, and its `add_arguments` called, only when the command line names that bench, so
-    `python -m grlib --help` and `bench NAME --help` import no other bench."""
+    """One bench's parser: its module is imported, and its `add_arguments` called, when the command
+    line names that bench (argparse hands it the rest of the command line), so neither
+    `python -m grlib --help` nor `bench NAME --help` imports another bench."""
 
     module: str | None = None
 
