@@ -4,33 +4,39 @@ grlib, so it sits in the base layer; tests/test_layers.py).
 
 KuaiRand's README documents every log column as int64. LOG_SCHEMA keeps int64 for ids, times and
 durations and reads the 0/1 signals as int8 (the same values in an eighth of the memory).
+
+Importing the module loads no polars (the command line's parser and the config read DataError and
+the action bits): LOG_SCHEMA, column -> polars dtype, is built from LOG_DTYPES on first use.
 """
 from __future__ import annotations
 
-import polars as pl
+from typing import TYPE_CHECKING
 
-LOG_SCHEMA: dict[str, pl.DataType] = {
-    "user_id": pl.Int64,
-    "video_id": pl.Int64,
-    "date": pl.Int64,  # YYYYMMDD
-    "hourmin": pl.Int64,  # HHMM
-    "time_ms": pl.Int64,  # unix epoch milliseconds
-    "is_click": pl.Int8,
-    "is_like": pl.Int8,
-    "is_follow": pl.Int8,
-    "is_comment": pl.Int8,
-    "is_forward": pl.Int8,
-    "is_hate": pl.Int8,
-    "long_view": pl.Int8,
-    "play_time_ms": pl.Int64,
-    "duration_ms": pl.Int64,
-    "profile_stay_time": pl.Int64,
-    "comment_stay_time": pl.Int64,
-    "is_profile_enter": pl.Int8,
-    "is_rand": pl.Int8,
-    "tab": pl.Int64,
+if TYPE_CHECKING:
+    import polars as pl
+
+LOG_DTYPES: dict[str, str] = {  # column -> polars dtype name (LOG_SCHEMA)
+    "user_id": "Int64",
+    "video_id": "Int64",
+    "date": "Int64",  # YYYYMMDD
+    "hourmin": "Int64",  # HHMM
+    "time_ms": "Int64",  # unix epoch milliseconds
+    "is_click": "Int8",
+    "is_like": "Int8",
+    "is_follow": "Int8",
+    "is_comment": "Int8",
+    "is_forward": "Int8",
+    "is_hate": "Int8",
+    "long_view": "Int8",
+    "play_time_ms": "Int64",
+    "duration_ms": "Int64",
+    "profile_stay_time": "Int64",
+    "comment_stay_time": "Int64",
+    "is_profile_enter": "Int8",
+    "is_rand": "Int8",
+    "tab": "Int64",
 }
-LOG_COLUMNS = tuple(LOG_SCHEMA)
+LOG_COLUMNS = tuple(LOG_DTYPES)
 FLAG_COLUMNS = ("is_click", "is_like", "is_follow", "is_comment", "is_forward", "is_hate", "long_view",
                 "is_profile_enter", "is_rand")  # 0/1 signals: any other value is a DataError
 
@@ -56,8 +62,20 @@ OOV_ID = 1  # items below min_item_count
 FIRST_ITEM_ID = 2
 
 
+def __getattr__(name: str):
+    if name == "LOG_SCHEMA":  # `from grlib.schema import LOG_SCHEMA` too (PEP 562)
+        import polars as pl
+
+        schema: dict[str, pl.DataType] = {column: getattr(pl, dtype) for column, dtype in LOG_DTYPES.items()}
+        globals()["LOG_SCHEMA"] = schema
+        return schema
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
 def action_mask_expr() -> pl.Expr:
     """The action bitmask of a log row as a polars expression (Int16); a signal counts when > 0."""
+    import polars as pl
+
     expr = None
     for column, bit in ACTION_BITS.items():
         term = (pl.col(column) > 0).cast(pl.Int16) * bit

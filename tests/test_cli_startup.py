@@ -158,3 +158,16 @@ def test_the_checks_catch_planted_imports():
     assert problems(["bench", "ops", "--help"], 0, ["grlib.cli", "grlib.bench.ops", "altair", "altair.utils"], log) == [
         "python -m grlib bench ops --help imports altair <- grlib.plots <- grlib.experiments"]
     assert problems(["--help"], 2, [], "error: x") == ["python -m grlib --help exited 2:\nerror: x"]
+
+
+def test_the_log_schema_loads_polars_only_when_its_dtypes_are_read():
+    code = """
+import sys
+from grlib.schema import ACTION_BITS, FIRST_ITEM_ID, LOG_COLUMNS, DataError
+assert "polars" not in sys.modules, "grlib.schema imported polars"
+from grlib.schema import LOG_SCHEMA
+import polars as pl
+assert tuple(LOG_SCHEMA) == LOG_COLUMNS and LOG_SCHEMA["user_id"] is pl.Int64 and LOG_SCHEMA["is_click"] is pl.Int8
+"""
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
