@@ -3,6 +3,7 @@ seconds on a CPU without bf16 GEMMs (forced here with GRLIB_ISA=avx2 on an AVX-5
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 
@@ -74,3 +75,86 @@ def test_train_stage_skips_bf16_with_its_reason(monkeypatch):
     monkeypatch.setenv("GRLIB_ISA", "avx2")
     assert "avx512_bf16" in train_stage.precision_missing("bf16")
     assert train_stage.precision_missing("fp32") is None
+
+
+# ---- the paths of grlib._C (kernels/cpu/isa.h) -----------------------------------------------------
+def _lib() -> str:
+    import grlib._C as C
+
+    return C.__file__
+
+
+def test_the_build_names_its_paths_and_runs_an_available_one():
+    import grlib.ops.cpu  # noqa: F401
+    import grlib._C as C
+
+    built = isa.built_paths()
+    assert built[-1] == "generic" and set(built) <= set(isa.ISAS)
+    assert list(built) == sorted(built, key=isa.ISAS.index)  # widest first
+    assert isa.current() in isa.available() and isa.current() == C.isa()
+    for path in isa.available():
+        with isa.use(path):
+            assert C.isa() == path and os.environ["GRLIB_ISA"] == path
+    with pytest.raises(RuntimeError, match="unknown path 'sse9'"):
+        C.set_isa("sse9")
+
+
+def test_a_forced_path_the_cpu_lacks_names_what_it_has(monkeypatch):
+    monkeypatch.setattr(isa, "cpu_flags", lambda: ZEN3)
+    monkeypatch.setattr(isa, "cpu_paths", lambda flags=None: ("avx2", "generic"))
+    monkeypatch.setenv("GRLIB_ISA", "avx512")
+    with pytest.raises(ConfigError, match=r"GRLIB_ISA=avx512: the avx512 path is not available: needs the flags "
+                                          r"avx512f .*this CPU \(.*\) has avx2 fma; available: avx2, generic"):
+        isa.selected()
+
+
+def _functions(disassembly: str) -> dict[str, list[str]]:
+    """objdump -d -C text -> {function name: its instruction lines}."""
+    out, name = {}, None
+    for line in disassembly.splitlines():
+        if line.endswith(">:") and "<" in line:
+            name = line[line.index("<") + 1:-2]
+            out[name] = []
+        elif name is not None and line.strip():
+            out[name].append(line)
+    return out
+
+
+@pytest.mark.skipif(shutil.which("objdump") is None, reason="objdump (binutils) is not installed")
+@pytest.mark.skipif(os.uname().machine != "x86_64", reason="the x86-64 paths")
+def test_no_avx512_instruction_outside_the_avx512_path():
+    """The avx2 and generic paths hold no zmm register (what an AVX2-only CPU would fault on); a build
+    with GRLIB_ISA_BUILD=x86-64-v3 (no avx512 path) holds none anywhere."""
+    text = subprocess.run(["objdump", "-d", "-C", "--no-show-raw-insn", _lib()], capture_output=True, text=True,
+                          check=True).stdout
+    funcs = _functions(text)
+    paths = {p: [n for n in funcs if f"grlib_{p}::" in n] for p in ("avx2", "generic", "avx512")}
+    assert paths["avx2"] and paths["generic"], "no function of the avx2 / generic paths found"
+    for p in ("avx2", "generic"):
+        bad = [n for n in paths[p] if any("zmm" in ins for ins in funcs[n])]
+        assert not bad, f"{p} path functions with zmm registers: {bad[:5]}"
+    if "avx512" not in isa.built_paths():
+        assert "zmm" not in text, "an x86-64-v3 build holds a zmm register"
+    else:
+        assert any("zmm" in ins for n in paths["avx512"] for ins in funcs[n])  # the check can fail
+
+
+KERNEL_TESTS = ("tests/test_attention.py", "tests/test_uvqk_attention.py", "tests/test_attention_fused.py",
+                "tests/test_embedding_sum.py", "tests/test_dropout.py", "tests/test_linear.py", "tests/test_train.py")
+
+
+@pytest.mark.parametrize("path", ["avx2", "generic", "avx512"])
+def test_the_kernel_tests_pass_on_each_path(path):
+    """Every kernel test (padded references, hypothesis shapes, fwd + bwd, every dtype) on one more
+    path than the process default, in a child with GRLIB_ISA set (the default path runs them in the suite)."""
+    import grlib.ops.cpu  # noqa: F401
+
+    if path not in isa.available():
+        pytest.skip(f"the {path} path is not available here: available {isa.available()}")
+    if path == isa.current() and not os.environ.get("GRLIB_ISA"):
+        pytest.skip(f"{path} is this process's default path: the suite itself runs the kernel tests on it")
+    env = dict(os.environ, GRLIB_ISA=path, HYPOTHESIS_PROFILE=os.environ.get("HYPOTHESIS_PROFILE", "grlib"))
+    got = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", "-p", "no:xdist",
+                          *KERNEL_TESTS], capture_output=True, text=True, env=env,
+                         timeout=1800)
+    assert got.returncode == 0, got.stdout[-4000:] + got.stderr[-2000:]

@@ -19,7 +19,7 @@ from grlib.bench.common import print_table
 from grlib.config import config_from_args, load_ablation
 from grlib.config.choices import KERNEL_DTYPES
 
-COLUMNS = ("op", "impl", "regime", "max_len", "batch", "fill", "fwd_ms", "fwd_bwd_ms", "fwd_bwd_cpu_ms", "peak_mem_mb",
+COLUMNS = ("op", "impl", "isa", "regime", "max_len", "batch", "fill", "fwd_ms", "fwd_bwd_ms", "fwd_bwd_cpu_ms", "peak_mem_mb",
            "gflops", "frac_of_peak", "frac_of_peak_on_cpu", "frac_of_nominal", "speedup_vs_reference",
            "mem_reduction_vs_reference")
 
@@ -36,6 +36,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--repeats", type=int, default=None)
     p.add_argument("--dtype", choices=sorted(KERNEL_DTYPES), default=None)
     p.add_argument("--threads", type=int, default=None, help="torch threads (default: all cores)")
+    p.add_argument("--isa", nargs="+", choices=["avx512", "avx2", "generic"], default=None,
+                   help="grlib._C's instruction-set paths to run, each with every row (default: the current "
+                        "one: GRLIB_ISA, else the widest this CPU and build have; grlib.hardware.isa)")
 
 
 def run(args: argparse.Namespace) -> list[dict]:
@@ -46,14 +49,17 @@ def run(args: argparse.Namespace) -> list[dict]:
                "dtype": args.dtype}
     cfg = cfg.replace({f"kernels.{k}": v for k, v in changes.items() if v is not None})
     ablation = load_ablation("kernels", {k: v for k, v in (("impls", args.impls), ("regimes", args.regime)) if v})
-    rows = kernels_stage.measure(cfg, ablation, table="bench_kernels", batch=args.batch, threads=args.threads)
+    rows = kernels_stage.measure(cfg, ablation, table="bench_kernels", batch=args.batch, threads=args.threads,
+                                 isas=args.isa)
     first = rows[0]
     print_table([{k: r[k] for k in COLUMNS} for r in rows],
                 f"bench kernels: H={first['heads']} D={first['head_dim']} {first['dtype']}, {first['threads']} threads, "
+                f"CPU {first['cpu_model']}, grlib._C paths {', '.join(dict.fromkeys(r['isa'] for r in rows))}, "
                 f"load average {os.getloadavg()[0]:.2f}\n"
                 f"frac_of_peak: against the measured GEMM peak {first['matmul_peak_gflops']:.0f} GFLOP/s "
                 f"(before/after the rows {first['matmul_peak_before_gflops']:.0f}/{first['matmul_peak_after_gflops']:.0f}; "
                 f"on-CPU time, best of torch.mm's BLAS and oneDNN)\n"
-                f"frac_of_nominal: against the nominal peak {first['nominal_peak_gflops']:.0f} GFLOP/s = "
-                f"{first['nominal_peak_how']}")
+                + "".join(f"frac_of_nominal ({r['isa']}): against the nominal peak {r['nominal_peak_gflops']:.0f} "
+                          f"GFLOP/s = {r['nominal_peak_how']}\n"
+                          for r in {r["isa"]: r for r in rows}.values()).rstrip("\n"))
     return rows

@@ -54,6 +54,7 @@ import torch
 
 from grlib import hardware, plots, progress, results
 from grlib.config import Config, KernelsAblation, KernelsConfig
+from grlib.hardware import isa
 from grlib.experiments import claims
 from grlib.experiments.measure import kuairand_lengths, median_ms
 
@@ -200,21 +201,32 @@ def plan(kc: KernelsConfig, ablation: KernelsAblation, batch: int | None = None)
 
 
 def measure(cfg, ablation: KernelsAblation, table: str, batch: int | None = None,
-            threads: int | None = None) -> list[dict]:
-    """Runs the plan (one child process per row), appends the rows to `table` and returns them."""
+            threads: int | None = None, isas: list[str] | None = None) -> list[dict]:
+    """Runs the plan (one child process per row) on each of grlib._C's instruction-set paths `isas`
+    (grlib.hardware.isa; default: the current one), appends the rows to `table` and returns them.
+    Each row records its path (`isa`), the CPU model and the nominal peak at the path's vector width."""
     kc = cfg.kernels
     heads, head_dim = cfg.model.n_heads, cfg.model.d_model // cfg.model.n_heads
+    isas = isas or [isa.current()]
+    for path in isas:
+        with isa.use(path):  # an unavailable path: a ConfigError before any row
+            pass
     before = matmul_peak_gflops(DTYPES[kc.dtype], threads)
-    nominal = hardware.nominal_peak(kc.dtype, threads=threads or torch.get_num_threads())
+    nominals = {}
+    for path in isas:
+        with isa.use(path):
+            nominals[path] = hardware.nominal_peak(kc.dtype, threads=threads or torch.get_num_threads())
     rows = []
-    specs = plan(kc, ablation, batch)
+    specs = [{**spec, "isa": path} for path in isas for spec in plan(kc, ablation, batch)]
     for spec in progress.progress(specs, desc="bench kernels"):
         spec = {"heads": heads, "head_dim": head_dim, "dtype": kc.dtype, "repeats": kc.repeats,
                 "row_seconds": kc.row_seconds, "threads": threads or torch.get_num_threads(),
                 "seed": cfg.train.seed, **spec}
-        row = run_child(spec) if kc.isolate else _in_process(spec)
+        with isa.use(spec["isa"]):  # the child inherits GRLIB_ISA
+            row = run_child(spec) if kc.isolate else _in_process(spec)
         row["isolated"] = kc.isolate
         row["load_1m"] = os.getloadavg()[0]  # the machine's load as the row was measured
+        row["cpu_model"] = isa.cpu_model()
         rows.append(row)
     # the higher of two readings, before and after the rows (as bench train): one reading taken
     # while other jobs held a core would lower the peak and raise every fraction
@@ -225,6 +237,7 @@ def measure(cfg, ablation: KernelsAblation, table: str, batch: int | None = None
         row["frac_of_peak_on_cpu"] = row["gflops_on_cpu"] / peak
         row["matmul_peak_gflops"] = peak
         row["matmul_peak_before_gflops"], row["matmul_peak_after_gflops"] = before, after
+        nominal = nominals[row["isa"]]
         row["frac_of_nominal"] = row["gflops"] * 1e9 / nominal.flops
         row["nominal_peak_gflops"] = nominal.flops / 1e9
         row["nominal_peak_how"] = nominal.how
@@ -234,10 +247,10 @@ def measure(cfg, ablation: KernelsAblation, table: str, batch: int | None = None
 
 
 def _add_ratios(rows: list[dict]) -> None:
-    base = {(r["op"], r["regime"], r["max_len"]): r for r in rows
+    base = {(r["op"], r["regime"], r["max_len"], r.get("isa")): r for r in rows
             if r["impl"] == "reference" and not r["whole_batch"]}
     for r in rows:
-        ref = base.get((r["op"], r["regime"], r["max_len"]))
+        ref = base.get((r["op"], r["regime"], r["max_len"], r.get("isa")))  # the reference of the same path's run
         comparable = ref is not None and not r["whole_batch"]
         r["speedup_vs_reference"] = ref["fwd_bwd_ms"] / r["fwd_bwd_ms"] if comparable else float("nan")
         r["mem_reduction_vs_reference"] = (1 - r["peak_mem_mb"] / ref["peak_mem_mb"]
@@ -374,7 +387,7 @@ def child(spec: dict) -> dict:
     # useful FLOPs: the attention's matmuls; the fused LayerNorm * u is memory-bound (no figure)
     flops_fwd = float((2 * spec["heads"] * 2 * D * lengths**2 / 2).sum()) if op == "hstu_attention" else math.nan
     B, N, T = spec["batch"], spec["max_len"], int(lengths.sum())
-    return {"op": op, "impl": spec["impl"], "regime": spec["regime"], "max_len": N, "batch": B, "tokens": T,
+    return {"op": op, "impl": spec["impl"], "isa": isa.current(), "regime": spec["regime"], "max_len": N, "batch": B, "tokens": T,
             "fill": T / (B * N), "heads": spec["heads"], "head_dim": D, "dtype": spec["dtype"],
             "threads": spec["threads"], "whole_batch": spec["whole_batch"], "repeats": repeats,
             "fwd_ms": fwd_ms, "fwd_bwd_ms": fwd_bwd_ms, "first_fwd_bwd_ms": first_ms, "peak_mem_mb": peak_mb,

@@ -1,25 +1,37 @@
-"""The CPU's instruction sets as grlib sees them, and whether bf16 GEMMs can run here, read from
-/proc/cpuinfo's flags in about a millisecond (never a GEMM or a probe):
+"""Instruction-set paths of grlib._C, the one this process runs, and the CPU features bf16 needs.
 
-    cpu_paths()         -> ("avx512", "avx2", "generic")   the vector paths whose flags this CPU has
-    selected_by_flags() -> "avx2"                           GRLIB_ISA when set (checked), else the widest
+grlib._C holds each kernel compiled once per path (kernels/cpu/isa.h) and runs one of them, chosen
+when grlib.ops.cpu loads the extension:
+
+    avx512   64-byte vectors, register blocks for 32 zmm registers   flags avx512f avx512bw avx512dq avx512vl avx2 fma
+    avx2     32-byte vectors, register blocks for 16 ymm registers   flags avx2 fma
+    generic  16-byte vectors (SSE2 on x86-64), the same blocks as avx2  any CPU
+
+GRLIB_ISA=avx512|avx2|generic forces a path (an unavailable one is a ConfigError naming what the
+CPU has); unset, the widest path both the CPU and the build have runs. A build without AVX-512
+(GRLIB_ISA_BUILD=x86-64-v3, setup.py) has no avx512 path. Everything here reads /proc/cpuinfo's
+flags (about a millisecond), never a GEMM or a probe:
+
+    selected()          -> "avx2"                 the path this process runs (GRLIB_ISA or the widest)
+    current()           -> "avx2"                 the path grlib._C runs now
+    with use("generic"): ...                      every op of grlib._C on that path inside the block
+    available()         -> ("avx512", "avx2", "generic")   paths this CPU and this build can run
     bf16_missing()      -> None or the reason bf16 GEMMs cannot run here
-    require_bf16(name)  raises ConfigError "<name>: bf16 is not available on this CPU: ..."
-
-    avx512   flags avx512f avx512bw avx512dq avx512vl avx2 fma
-    avx2     flags avx2 fma
-    generic  any CPU
+    require_bf16(name)  raises ConfigError "<name>: bf16 needs ..." when bf16_missing()
 
 bf16 mode (model.precision=bf16) multiplies bf16 copies through oneDNN, whose bf16 GEMMs need
 AVX512-BF16 (or AMX-BF16); on a CPU without them oneDNN fails to create its primitive (a crash
-after minutes of other work). GRLIB_ISA=avx2 or generic makes this process count as a CPU without
-them, so that an AVX-512 machine runs the suite as an AVX2-only CPU would.
+after minutes of other work). A forced path below avx512 counts as a CPU without them, so that an
+AVX-512 machine runs the suite as an AVX2-only CPU would.
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import platform
+from pathlib import Path
+from collections.abc import Iterator
 
 from grlib.config import ConfigError
 
@@ -31,20 +43,27 @@ VECTOR_BYTES = {"avx512": 64, "avx2": 32, "generic": 16}  # of the kernels' vect
 BF16_FLAGS = ("avx512_bf16", "amx_bf16")  # either runs oneDNN's bf16 GEMMs
 
 
+CPUINFO = Path("/proc/cpuinfo")
+
+
 @functools.lru_cache(maxsize=1)
+def _first_cpu() -> dict[str, str]:
+    """The first CPU's block of /proc/cpuinfo (empty where there is none)."""
+    if not CPUINFO.exists():
+        return {}
+    block = CPUINFO.read_text().split("\n\n", 1)[0]
+    return {k.strip(): v.strip() for k, _, v in (line.partition(":") for line in block.splitlines())}
+
+
 def cpu_flags() -> frozenset[str]:
     """The first CPU's flags in /proc/cpuinfo (empty where there is none)."""
-    from grlib.hardware.nominal import CPUINFO, cpu_info
-
-    return cpu_info().flags if CPUINFO.exists() else frozenset()
+    first = _first_cpu()
+    return frozenset((first.get("flags") or first.get("Features") or "").split())
 
 
 def cpu_model() -> str:
     """The CPU's model name (/proc/cpuinfo), else platform.processor()."""
-    from grlib.hardware.nominal import CPUINFO, cpu_info
-
-    name = cpu_info().model_name if CPUINFO.exists() else "unknown"
-    return name if name != "unknown" else (platform.processor() or platform.machine())
+    return _first_cpu().get("model name") or platform.processor() or platform.machine()
 
 
 def cpu_paths(flags: frozenset[str] | None = None) -> tuple[str, ...]:
@@ -55,9 +74,37 @@ def cpu_paths(flags: frozenset[str] | None = None) -> tuple[str, ...]:
     return tuple(p for p in ISAS if all(f in flags for f in NEEDS[p]))
 
 
+def built_paths() -> tuple[str, ...]:
+    """The paths compiled into grlib._C (kernels/cpu/isa.h)."""
+    import grlib._C as C
+
+    return tuple(C.isa_paths())
+
+
+def available() -> tuple[str, ...]:
+    """The paths this CPU and this build both have, widest first."""
+    built = built_paths()
+    return tuple(p for p in cpu_paths() if p in built)
+
+
 def _describe_cpu() -> str:
     have = [f for f in ("avx512f", "avx512_bf16", "amx_bf16", "avx2", "fma") if f in cpu_flags()]
     return f"this CPU ({cpu_model()}) has {' '.join(have) or 'none of avx512f, avx2, fma'}"
+
+
+def selected() -> str:
+    """The path this process runs: GRLIB_ISA when set (checked), else the widest available."""
+    avail = available()
+    forced = os.environ.get(ENV, "").strip()
+    if not forced:
+        return avail[0]
+    if forced not in ISAS:
+        raise ConfigError(f"{ENV}={forced!r}: must be one of {', '.join(ISAS)}")
+    if forced not in avail:
+        why = (f"needs the flags {' '.join(NEEDS[forced])}; {_describe_cpu()}" if forced not in cpu_paths()
+               else f"this build of grlib._C has only {', '.join(built_paths())} (setup.py GRLIB_ISA_BUILD)")
+        raise ConfigError(f"{ENV}={forced}: the {forced} path is not available: {why}; available: {', '.join(avail)}")
+    return forced
 
 
 def selected_by_flags() -> str:
@@ -89,3 +136,30 @@ def require_bf16(name: str) -> None:
     if why is not None:
         raise ConfigError(f"{name}: bf16 is not available on this CPU: {why}; use fp32")
 
+
+def current() -> str:
+    """The path grlib._C runs now."""
+    import grlib.ops.cpu  # noqa: F401  (loads grlib._C and sets the selected path)
+    import grlib._C as C
+
+    return C.isa()
+
+
+@contextlib.contextmanager
+def use(path: str) -> Iterator[str]:
+    """Every op of grlib._C runs `path` inside the block (and GRLIB_ISA names it, so that bf16_missing
+    and child processes agree); the path before it after. An unavailable path is a ConfigError."""
+    import grlib.ops.cpu  # noqa: F401
+    import grlib._C as C
+
+    before, env = C.isa(), os.environ.get(ENV)
+    os.environ[ENV] = path
+    try:
+        C.set_isa(selected())
+        yield path
+    finally:
+        if env is None:
+            os.environ.pop(ENV, None)
+        else:
+            os.environ[ENV] = env
+        C.set_isa(before)

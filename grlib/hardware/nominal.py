@@ -14,7 +14,7 @@ On CPU (x86-64 from /proc/cpuinfo; other architectures get the probe's figures, 
 
     cores           physical cores among this process's allowed CPUs ((physical id, core id) pairs
                     in /proc/cpuinfo), at most torch's intra-op threads
-    FLOP / cycle    vector lanes from the flags (avx512f: 16 fp32, avx/avx2: 8, else 4) x 2 (an FMA
+    FLOP / cycle    vector lanes from the flags at grlib._C's path (isa: avx512f: 16 fp32, avx/avx2: 8, else 4) x 2 (an FMA
                     is two FLOPs; the `fma` flag) x FMA instructions per cycle at that width, from
                     the vendor / family / model (a table below: flags do not say how many FMA units
                     a core has, nor whether 512-bit instructions run on 256-bit datapaths); bf16 x2
@@ -104,9 +104,14 @@ class VectorUnits:
     how: str
 
 
-def vector_units(info: CpuInfo) -> VectorUnits:
-    """FLOP per cycle per core from the flags and the vendor / family / model (module doc)."""
+def vector_units(info: CpuInfo, path: str | None = None) -> VectorUnits:
+    """FLOP per cycle per core from the flags and the vendor / family / model (module doc), at the
+    vector width of grlib._C's instruction-set path `path` (grlib.hardware.isa; None: the flags')."""
     f = info.flags
+    if path is not None and path != "avx512":  # the path's own vectors: avx2 32 bytes, generic 16
+        f = f - {"avx512f", "avx512_bf16", "amx_bf16"}
+        if path == "generic":
+            f = f - {"avx", "avx2", "fma"}
     if "avx512f" in f:
         lanes, width = 16, "avx512f: 512-bit, 16 fp32 lanes"
     elif "avx2" in f or "avx" in f:
@@ -220,7 +225,10 @@ def nominal_peak(dtype: str = "float32", device: str | torch.device = "cpu", thr
         return _vendor_peak(dev, dtype)
     info = cpu_info()
     cores, cores_how = physical_cores(info, threads or torch.get_num_threads())
-    units, measured = vector_units(info), probe()
+    from grlib.hardware.isa import current
+
+    path = current()
+    units, measured = vector_units(info, path), probe()
     hz, clock_how = clock(info, measured.clock_hz)
     table, probed = units.flop_per_cycle[dtype], measured.flop_per_cycle[dtype]
     above = probed > PROBE_TOLERANCE * table  # the table misses this CPU's units
@@ -228,7 +236,7 @@ def nominal_peak(dtype: str = "float32", device: str | torch.device = "cpu", thr
     per_cycle_how = (f"{table:g} FLOP/cycle ({units.how})" if not above else
                      f"{probed:.1f} FLOP/cycle measured by the FMA probe, above the table's {table:g} ({units.how})")
     how = (f"{cores} cores [{cores_how}] x {per_cycle_how} [probe: {probed:.1f} FLOP/cycle] x {clock_how}; "
-           f"CPU {info.model_name!r} family {info.family:#x} model {info.model:#x}")
+           f"CPU {info.model_name!r} family {info.family:#x} model {info.model:#x}; grlib._C path {path}")
     return NominalPeak("cpu", dtype, cores * per_cycle * hz, cores, per_cycle, hz, cores * probed * hz, how)
 
 

@@ -1,6 +1,7 @@
 """The compiled CPU kernels (grlib._C, sources in kernels/cpu/) with their autograd and fake impls.
 
-Importing this module loads the extension; it fails with instructions when it is not built.
+Importing this module loads the extension and sets its instruction-set path (grlib.hardware.isa:
+GRLIB_ISA, else the widest this CPU and build have); it fails with instructions when it is not built.
 The ops live in torch.ops.grlib and work under autograd, torch.compile (fake tensors) and
 torch.library.opcheck.
 """
@@ -17,6 +18,9 @@ except ImportError as err:  # pragma: no cover - exercised only on a broken inst
         "`pip install --no-build-isolation -e .` after installing torch==2.13.0"
     ) from err
 
+from grlib.hardware import isa as _isa  # noqa: E402
+
+grlib._C.set_isa(_isa.selected())  # GRLIB_ISA, or the widest path this CPU and build have (grlib.hardware.isa)
 _ops = torch.ops.grlib
 
 

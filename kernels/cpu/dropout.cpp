@@ -10,6 +10,21 @@
 #include <torch/extension.h>
 #include <ATen/OpMathType.h>
 #include <ATen/Parallel.h>
+#include "isa.h"
+
+#if !defined(GRLIB_ISA_NS)  // once per path (isa.h), then the registrations
+#define GRLIB_ISA_SELF "dropout.cpp"
+#include "isa_paths.h"
+
+TORCH_LIBRARY_FRAGMENT(grlib, m) {
+  // x * (words >= threshold) * scale in one pass; words [numel(x)] int16 (grlib/ops/dropout.py).
+  m.def("dropout_words(Tensor x, Tensor words, int threshold, float scale) -> Tensor");
+}
+
+TORCH_LIBRARY_IMPL(grlib, CPU, m) { m.impl("dropout_words", GRLIB_DISPATCH(dropout_words)); }
+
+#else
+namespace GRLIB_ISA_NS {
 
 namespace {
 
@@ -44,9 +59,5 @@ at::Tensor dropout_words(const at::Tensor& x_in, const at::Tensor& words_in, int
 
 }  // namespace
 
-TORCH_LIBRARY_FRAGMENT(grlib, m) {
-  // x * (words >= threshold) * scale in one pass; words [numel(x)] int16 (grlib/ops/dropout.py).
-  m.def("dropout_words(Tensor x, Tensor words, int threshold, float scale) -> Tensor");
-}
-
-TORCH_LIBRARY_IMPL(grlib, CPU, m) { m.impl("dropout_words", &dropout_words); }
+}  // namespace GRLIB_ISA_NS
+#endif

@@ -22,6 +22,28 @@
 #include <algorithm>
 #include <tuple>
 #include <vector>
+#include "isa.h"
+
+#if !defined(GRLIB_ISA_NS)  // once per path (isa.h), then the registrations
+#define GRLIB_ISA_SELF "embedding_sum.cpp"
+#include "isa_paths.h"
+
+TORCH_LIBRARY_FRAGMENT(grlib, m) {
+  // (items[ids] * scale + actions[acts]) + gaps[gap_idx] -> [T, d] (grlib/ops/embedding.py)
+  m.def("embedding_sum(Tensor items, Tensor actions, Tensor gaps, Tensor ids, Tensor acts, Tensor gap_idx, "
+        "float scale) -> Tensor");
+  // -> (d_items, d_actions, d_gaps); rows `padding_idx` of items get no gradient (-1: none)
+  m.def("embedding_sum_backward(Tensor grad, Tensor ids, Tensor acts, Tensor gap_idx, int n_items, int n_actions, "
+        "int n_gaps, float scale, int padding_idx) -> (Tensor, Tensor, Tensor)");
+}
+
+TORCH_LIBRARY_IMPL(grlib, CPU, m) {
+  m.impl("embedding_sum", GRLIB_DISPATCH(embedding_sum));
+  m.impl("embedding_sum_backward", GRLIB_DISPATCH(embedding_sum_backward));
+}
+
+#else
+namespace GRLIB_ISA_NS {
 
 namespace {
 
@@ -149,16 +171,5 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> embedding_sum_backward(
 
 }  // namespace
 
-TORCH_LIBRARY_FRAGMENT(grlib, m) {
-  // (items[ids] * scale + actions[acts]) + gaps[gap_idx] -> [T, d] (grlib/ops/embedding.py)
-  m.def("embedding_sum(Tensor items, Tensor actions, Tensor gaps, Tensor ids, Tensor acts, Tensor gap_idx, "
-        "float scale) -> Tensor");
-  // -> (d_items, d_actions, d_gaps); rows `padding_idx` of items get no gradient (-1: none)
-  m.def("embedding_sum_backward(Tensor grad, Tensor ids, Tensor acts, Tensor gap_idx, int n_items, int n_actions, "
-        "int n_gaps, float scale, int padding_idx) -> (Tensor, Tensor, Tensor)");
-}
-
-TORCH_LIBRARY_IMPL(grlib, CPU, m) {
-  m.impl("embedding_sum", &embedding_sum);
-  m.impl("embedding_sum_backward", &embedding_sum_backward);
-}
+}  // namespace GRLIB_ISA_NS
+#endif

@@ -3,6 +3,31 @@
 // uvqk op. The kernels: hstu_attention_forward.cpp, hstu_attention_backward.cpp,
 // hstu_uvqk_attention.cpp.
 #include "hstu_attention.h"
+#include "isa.h"
+
+#if !defined(GRLIB_ISA_NS)  // once per path (isa.h), then the registrations
+#define GRLIB_ISA_SELF "hstu_attention.cpp"
+#include "isa_paths.h"
+
+TORCH_LIBRARY_FRAGMENT(grlib, m) {
+  // Jagged causal HSTU attention (contract: grlib/ops/attention.py). The bias tables are optional;
+  // time_bias needs timestamps [T] int64.
+  m.def("hstu_attention(Tensor q, Tensor k, Tensor v, Tensor offsets, int max_len, float alpha, "
+        "Tensor? pos_bias, Tensor? time_bias, Tensor? timestamps) -> Tensor");
+  m.def("hstu_attention_backward(Tensor grad, Tensor q, Tensor k, Tensor v, Tensor offsets, int max_len, "
+        "float alpha, Tensor? pos_bias, Tensor? time_bias, Tensor? timestamps, int mode=0) "
+        "-> (Tensor, Tensor, Tensor, Tensor, Tensor)");
+  // HSTU's SiLU + split + attention in one: z [T, 4d] (columns u | v | q | k) -> (SiLU(z_u) [T, d],
+  // attention of SiLU(z_q), SiLU(z_k), SiLU(z_v) [T, n_heads, d / n_heads]).
+  m.def("hstu_uvqk_attention(Tensor z, Tensor offsets, int max_len, float alpha, int n_heads, Tensor? pos_bias, "
+        "Tensor? time_bias, Tensor? timestamps) -> (Tensor, Tensor)");
+  m.def("hstu_uvqk_attention_backward(Tensor grad_u, Tensor grad_attn, Tensor z, Tensor offsets, int max_len, "
+        "float alpha, int n_heads, Tensor? pos_bias, Tensor? time_bias, Tensor? timestamps, int mode=0) "
+        "-> (Tensor, Tensor, Tensor)");
+}
+
+#else
+namespace GRLIB_ISA_NS {
 
 namespace hstu {
 
@@ -78,19 +103,5 @@ Args check_args(const char* op, const at::Tensor& q, const at::Tensor& k, const 
 
 }  // namespace hstu
 
-TORCH_LIBRARY_FRAGMENT(grlib, m) {
-  // Jagged causal HSTU attention (contract: grlib/ops/attention.py). The bias tables are optional;
-  // time_bias needs timestamps [T] int64.
-  m.def("hstu_attention(Tensor q, Tensor k, Tensor v, Tensor offsets, int max_len, float alpha, "
-        "Tensor? pos_bias, Tensor? time_bias, Tensor? timestamps) -> Tensor");
-  m.def("hstu_attention_backward(Tensor grad, Tensor q, Tensor k, Tensor v, Tensor offsets, int max_len, "
-        "float alpha, Tensor? pos_bias, Tensor? time_bias, Tensor? timestamps, int mode=0) "
-        "-> (Tensor, Tensor, Tensor, Tensor, Tensor)");
-  // HSTU's SiLU + split + attention in one: z [T, 4d] (columns u | v | q | k) -> (SiLU(z_u) [T, d],
-  // attention of SiLU(z_q), SiLU(z_k), SiLU(z_v) [T, n_heads, d / n_heads]).
-  m.def("hstu_uvqk_attention(Tensor z, Tensor offsets, int max_len, float alpha, int n_heads, Tensor? pos_bias, "
-        "Tensor? time_bias, Tensor? timestamps) -> (Tensor, Tensor)");
-  m.def("hstu_uvqk_attention_backward(Tensor grad_u, Tensor grad_attn, Tensor z, Tensor offsets, int max_len, "
-        "float alpha, int n_heads, Tensor? pos_bias, Tensor? time_bias, Tensor? timestamps, int mode=0) "
-        "-> (Tensor, Tensor, Tensor)");
-}
+}  // namespace GRLIB_ISA_NS
+#endif

@@ -31,7 +31,7 @@
 // bias terms and their gradients), hstu_tasks.h (tasks and their scheduling); the translation
 // units hstu_attention.cpp (schemas and input checks), hstu_attention_forward.cpp,
 // hstu_attention_backward.cpp and hstu_uvqk_attention.cpp (HSTU's SiLU + split + attention fused).
-#pragma once
+#include "isa.h"
 
 #include <torch/extension.h>
 #include <ATen/OpMathType.h>
@@ -46,7 +46,10 @@
 #include "hstu_tasks.h"
 #include "hstu_tiles.h"
 
-namespace hstu {
+// once per path (isa.h): GRLIB_ISA_NS is the path's namespace
+#if defined(GRLIB_ISA_NS) && !defined(GRLIB_HSTU_ATTENTION_H)
+#define GRLIB_HSTU_ATTENTION_H
+namespace GRLIB_ISA_NS::hstu {
 
 // The inputs of one call, checked and made contiguous.
 struct Args {
@@ -197,4 +200,5 @@ struct BiasGrads {
   }
 };
 
-}  // namespace hstu
+}  // namespace GRLIB_ISA_NS::hstu
+#endif

@@ -3,6 +3,16 @@
 // gradients by query tile, then dk and dv by key tile) or one pass per (sequence, head); run_backward
 // picks one.
 #include "hstu_attention.h"
+#include "isa.h"
+
+#if !defined(GRLIB_ISA_NS)  // once per path (isa.h), then the registrations
+#define GRLIB_ISA_SELF "hstu_attention_backward.cpp"
+#include "isa_paths.h"
+
+TORCH_LIBRARY_IMPL(grlib, CPU, m) { m.impl("hstu_attention_backward", GRLIB_DISPATCH(hstu::hstu_attention_bwd)); }
+
+#else
+namespace GRLIB_ISA_NS {
 
 namespace hstu {
 namespace {
@@ -275,4 +285,5 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> hstu_atte
 
 }  // namespace hstu
 
-TORCH_LIBRARY_IMPL(grlib, CPU, m) { m.impl("hstu_attention_backward", &hstu::hstu_attention_bwd); }
+}  // namespace GRLIB_ISA_NS
+#endif

@@ -1,6 +1,16 @@
 // Forward pass of the jagged HSTU attention (design: hstu_attention.h): tasks of (sequence, head) or
 // (sequence, head, tile of 64 queries), each walking the key tiles at or before its queries.
 #include "hstu_attention.h"
+#include "isa.h"
+
+#if !defined(GRLIB_ISA_NS)  // once per path (isa.h), then the registrations
+#define GRLIB_ISA_SELF "hstu_attention_forward.cpp"
+#include "isa_paths.h"
+
+TORCH_LIBRARY_IMPL(grlib, CPU, m) { m.impl("hstu_attention", GRLIB_DISPATCH(hstu::hstu_attention_fwd)); }
+
+#else
+namespace GRLIB_ISA_NS {
 
 namespace hstu {
 namespace {
@@ -80,4 +90,5 @@ at::Tensor hstu_attention_fwd(const at::Tensor& q, const at::Tensor& k, const at
 
 }  // namespace hstu
 
-TORCH_LIBRARY_IMPL(grlib, CPU, m) { m.impl("hstu_attention", &hstu::hstu_attention_fwd); }
+}  // namespace GRLIB_ISA_NS
+#endif

@@ -1,7 +1,7 @@
 // Pointwise parts of the jagged HSTU attention (hstu_attention.h): SiLU and its derivative, the bias
 // terms added along a row of a score tile, and the bias-table gradients taken from such a row.
 // Plain loops over contiguous values, which the compiler vectorises.
-#pragma once
+#include "isa.h"
 
 #include <algorithm>
 #include <cmath>
@@ -10,7 +10,10 @@
 
 #include "hstu_tiles.h"
 
-namespace hstu {
+// once per path (isa.h): GRLIB_ISA_NS is the path's namespace
+#if defined(GRLIB_ISA_NS) && !defined(GRLIB_HSTU_SILU_BIAS_H)
+#define GRLIB_HSTU_SILU_BIAS_H
+namespace GRLIB_ISA_NS::hstu {
 
 // exp for float: Cephes' polynomial (max rel. error ~2 ulp), plain arithmetic so that the
 // compiler vectorises the loops that call it (libm's expf does not vectorise without -ffast-math,
@@ -247,4 +250,5 @@ inline void add_time_grads(const T* ds, const int64_t* ts, int64_t tsc, int64_t 
   gtime[cur] += run;
 }
 
-}  // namespace hstu
+}  // namespace GRLIB_ISA_NS::hstu
+#endif

@@ -1,7 +1,7 @@
 // Work partitioning of the jagged HSTU attention (hstu_attention.h): tasks of (sequence, head, tile)
 // or (sequence, head) with their cost in tile pairs, longest first, handed out dynamically to the
 // workers of at::parallel_for; per-worker scratch.
-#pragma once
+#include "isa.h"
 
 #include <ATen/Parallel.h>
 
@@ -12,7 +12,10 @@
 
 #include "hstu_tiles.h"
 
-namespace hstu {
+// once per path (isa.h): GRLIB_ISA_NS is the path's namespace
+#if defined(GRLIB_ISA_NS) && !defined(GRLIB_HSTU_TASKS_H)
+#define GRLIB_HSTU_TASKS_H
+namespace GRLIB_ISA_NS::hstu {
 
 struct Task {
   int64_t b, h, blk, cost;
@@ -70,4 +73,5 @@ std::vector<std::vector<T>> scratch(int64_t workers, int64_t n) {
   return std::vector<std::vector<T>>(workers, std::vector<T>(n));
 }
 
-}  // namespace hstu
+}  // namespace GRLIB_ISA_NS::hstu
+#endif

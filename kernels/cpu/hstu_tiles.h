@@ -1,5 +1,6 @@
-// SIMD tiles of the jagged HSTU attention (hstu_attention.h): the tile sizes, 64-byte vectors and
-// the two register-blocked micro-kernels that every pass multiplies its tiles with.
+// SIMD tiles of the jagged HSTU attention (hstu_attention.h): the tile sizes, the path's vectors
+// (isa.h: 64 bytes on avx512, 32 on avx2, 16 generic) and the two register-blocked micro-kernels that
+// every pass multiplies its tiles with, their blocks sized to the path's registers.
 //
 //   tile_nt      C   [rows, BLK]  = X [rows, Dp] . YT [Dp, BLK]          (scores, dL/dweights)
 //   tile_tn_acc  Out [rows, Ep]  += PT[:cols, :rows]^T . Z [cols, Ep]     (outputs, gradients)
@@ -11,40 +12,46 @@
 // and no vector past `ncols` (the entries it leaves unwritten are never read: the passes mask or
 // skip them); tile_tn_acc skips the terms c whose weights the mask set to exactly 0. The terms kept
 // are summed in the same order as without skipping, so the results are bitwise the same.
-#pragma once
+#include "isa.h"
 
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
-#if defined(__AVX512F__)
-#include <immintrin.h>
-#endif
 
-namespace hstu {
+// once per path (isa.h): GRLIB_ISA_NS is the path's namespace
+#if defined(GRLIB_ISA_NS) && !defined(GRLIB_HSTU_TILES_H)
+#define GRLIB_HSTU_TILES_H
+namespace GRLIB_ISA_NS::hstu {
 
 constexpr int64_t BLK = 64;  // query and key tile size (rows of a tile)
 constexpr int64_t VEC = 16;  // feature dims are zero-padded to a multiple of this in scratch
-constexpr int64_t RB = 6;    // rows per micro-kernel step (register blocking: 6 x 4 accumulators of 32 registers)
+constexpr int64_t VBYTES = GRLIB_VBYTES;  // bytes per vector on this path (isa.h)
+constexpr int64_t RB = 6;    // rows per micro-kernel step (register blocking, with NVB / WB vectors per row)
+// vectors per row of a micro-kernel block: 32 zmm hold 6 x 4 accumulators (+ 4 loads); 16 ymm or
+// xmm hold 6 x 2 (+ 2 loads and a broadcast), where 6 x 4 would need 28
+constexpr int64_t REGS_WIDE = VBYTES == 64;
+constexpr int64_t NVB_MAX = REGS_WIDE ? 8 : 2;  // tile_nt (doubles on avx512: 8 vectors of a row, as before)
+constexpr int64_t WB = REGS_WIDE ? 4 : 2;       // tile_tn
 constexpr int LOWER = 1, UPPER = -1;  // tri: entries c <= r, entries c >= r of a diagonal tile
 
 inline int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
 
-// 64-byte vectors through the GCC/Clang vector extension: one AVX-512 register with -march=native
-// on such a machine, split into narrower instructions elsewhere. Lanes: 16 floats or 8 doubles.
+// VBYTES-byte vectors through the GCC/Clang vector extension: one register of the path (zmm, ymm,
+// xmm / NEON q). Lanes: VBYTES / 4 floats or VBYTES / 8 doubles.
 template <typename T>
 struct Vec;
 template <>
 struct Vec<float> {
-  typedef float type __attribute__((vector_size(64)));
+  typedef float type __attribute__((vector_size(VBYTES)));
 };
 template <>
 struct Vec<double> {
-  typedef double type __attribute__((vector_size(64)));
+  typedef double type __attribute__((vector_size(VBYTES)));
 };
 template <typename T>
 using V = typename Vec<T>::type;
 template <typename T>
-constexpr int64_t LANES = 64 / sizeof(T);
+constexpr int64_t LANES = VBYTES / sizeof(T);
 
 template <typename T>
 inline V<T> vload(const T* p) {
@@ -61,12 +68,12 @@ struct IVec;
 template <>
 struct IVec<float> {
   typedef int32_t lane;
-  typedef int32_t type __attribute__((vector_size(64)));
+  typedef int32_t type __attribute__((vector_size(VBYTES)));
 };
 template <>
 struct IVec<double> {
   typedef int64_t lane;
-  typedef int64_t type __attribute__((vector_size(64)));
+  typedef int64_t type __attribute__((vector_size(VBYTES)));
 };
 
 // dst[x] = dst[x] + add(c)[x - c] for x in [x0, x1) only (c: the start of x's vector), one vector at
@@ -102,7 +109,7 @@ inline void add_row(T* dst, const T* src, int64_t x0, int64_t x1) {
 
 // ---- transposing ----------------------------------------------------------------------------
 
-#if defined(__AVX512F__)
+#if GRLIB_VBYTES == 64
 // dst[c * ldd + r] = src[r * lds + c] for a 16 x 16 block of floats, in registers: 16 row loads,
 // four rounds of 16 shuffles (32-bit, 64-bit, then 128-bit lane pairs twice), 16 row stores.
 // A copy: the values are moved bit for bit.
@@ -135,11 +142,11 @@ inline void transpose16(const float* __restrict src, int64_t lds, float* __restr
 #endif
 
 // rows [n, Dp] -> dst [Dp, BLK] transposed, zero padded past n (n <= BLK; Dp a multiple of VEC).
-// With AVX-512, floats go in 16 x 16 register blocks (a partial block through a zero-padded copy);
+// On the avx512 path, floats go in 16 x 16 register blocks (a partial block through a zero-padded copy);
 // else (and for doubles) entry by entry. Either way a copy: bitwise the same values.
 template <typename T>
 void transpose_rows(const T* __restrict rows, int64_t n, int64_t Dp, T* __restrict dst) {
-#if defined(__AVX512F__)
+#if GRLIB_VBYTES == 64
   if constexpr (sizeof(T) == 4) {
     const int64_t full = n / 16 * 16;
     for (int64_t r0 = 0; r0 < full; r0 += 16)
@@ -191,7 +198,7 @@ inline void tile_nt_rows(const T* __restrict X, const T* __restrict YT, int64_t 
 }
 
 // tile_nt_rows with nv (0 .. BLK / LANES) column vectors, chosen at run time.
-template <typename T, int64_t R, int64_t NV = BLK / LANES<T>>
+template <typename T, int64_t R, int64_t NV = std::min(BLK / LANES<T>, NVB_MAX)>
 inline void tile_nt_span(const T* X, const T* YT, int64_t Dp, T* C, int64_t nv) {
   if constexpr (NV > 1) {
     if (nv < NV) {
@@ -209,7 +216,9 @@ inline void tile_nt_block(const T* X, const T* YT, int64_t Dp, T* C, int64_t r, 
   int64_t n0 = 0, n1 = (ncols + L - 1) / L;
   if (tri == LOWER) n1 = std::min(n1, (r + R + L - 1) / L);  // columns <= r + R - 1
   if (tri == UPPER) n0 = std::min(r / L, n1);                // columns >= r
-  tile_nt_span<T, R>(X + r * Dp, YT + n0 * L, Dp, C + r * BLK + n0 * L, n1 - n0);
+  constexpr int64_t NV = std::min(BLK / L, NVB_MAX);  // column vectors per block: the path's registers
+  for (int64_t n = n0; n < n1; n += NV)
+    tile_nt_span<T, R>(X + r * Dp, YT + n * L, Dp, C + r * BLK + n * L, std::min(NV, n1 - n));
 }
 
 // C [rows, BLK] = X [rows, Dp] . YT [Dp, BLK], the entries of columns < ncols that `tri` uses (and
@@ -255,7 +264,8 @@ inline void tile_tn_block(const T* __restrict PT, const T* __restrict Z, int64_t
 template <typename T, int64_t R, bool NN>
 inline void tile_tn_rows(const T* PT, const T* Z, int64_t Ep, T* Out, int64_t cols) {
   int64_t e = 0;
-  for (; e + 4 * LANES<T> <= Ep; e += 4 * LANES<T>) tile_tn_block<T, R, 4, NN>(PT, Z + e, Ep, Out + e, cols);
+  if constexpr (WB >= 4)
+    for (; e + 4 * LANES<T> <= Ep; e += 4 * LANES<T>) tile_tn_block<T, R, 4, NN>(PT, Z + e, Ep, Out + e, cols);
   for (; e + 2 * LANES<T> <= Ep; e += 2 * LANES<T>) tile_tn_block<T, R, 2, NN>(PT, Z + e, Ep, Out + e, cols);
   for (; e < Ep; e += LANES<T>) tile_tn_block<T, R, 1, NN>(PT, Z + e, Ep, Out + e, cols);
 }
@@ -288,4 +298,5 @@ void tile_nn_acc(const T* P, const T* Z, int64_t Ep, T* Out, int64_t rows, int64
   tile_tn_acc<T, true>(P, Z, Ep, Out, rows, cols, tri);
 }
 
-}  // namespace hstu
+}  // namespace GRLIB_ISA_NS::hstu
+#endif

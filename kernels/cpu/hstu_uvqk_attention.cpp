@@ -2,6 +2,19 @@
 // The attention (hstu_attention.h) reads column blocks of z as strided [T, H, d / H] views and applies
 // SiLU while packing its tiles; its backward writes dz's column blocks directly.
 #include "hstu_attention.h"
+#include "isa.h"
+
+#if !defined(GRLIB_ISA_NS)  // once per path (isa.h), then the registrations
+#define GRLIB_ISA_SELF "hstu_uvqk_attention.cpp"
+#include "isa_paths.h"
+
+TORCH_LIBRARY_IMPL(grlib, CPU, m) {
+  m.impl("hstu_uvqk_attention", GRLIB_DISPATCH(hstu::hstu_uvqk_attention_fwd));
+  m.impl("hstu_uvqk_attention_backward", GRLIB_DISPATCH(hstu::hstu_uvqk_attention_bwd));
+}
+
+#else
+namespace GRLIB_ISA_NS {
 
 namespace hstu {
 namespace {
@@ -87,7 +100,5 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> hstu_uvqk_attention_bwd(
 
 }  // namespace hstu
 
-TORCH_LIBRARY_IMPL(grlib, CPU, m) {
-  m.impl("hstu_uvqk_attention", &hstu::hstu_uvqk_attention_fwd);
-  m.impl("hstu_uvqk_attention_backward", &hstu::hstu_uvqk_attention_bwd);
-}
+}  // namespace GRLIB_ISA_NS
+#endif

@@ -18,6 +18,33 @@
 
 #include <cmath>
 #include <vector>
+#include "isa.h"
+
+#if !defined(GRLIB_ISA_NS)  // once per path (isa.h), then the registrations
+#define GRLIB_ISA_SELF "layer_norm_mul.cpp"
+#include "isa_paths.h"
+
+TORCH_LIBRARY_FRAGMENT(grlib, m) {
+  // y = LayerNorm(x; weight, bias, eps) * u over the last dim of x, u [N, d]
+  m.def("layer_norm_mul(Tensor x, Tensor u, Tensor weight, Tensor bias, float eps) -> (Tensor, Tensor, Tensor)");
+  m.def("layer_norm_mul_backward(Tensor grad, Tensor x, Tensor u, Tensor weight, Tensor bias, Tensor mean, "
+        "Tensor rstd) -> (Tensor, Tensor, Tensor, Tensor)");
+  // the same, then * (words >= threshold) * scale: words [N, d] int16 (dropout_words, grlib/ops/dropout.py)
+  m.def("layer_norm_mul_dropout(Tensor x, Tensor u, Tensor weight, Tensor bias, float eps, Tensor words, "
+        "int threshold, float scale) -> (Tensor, Tensor, Tensor)");
+  m.def("layer_norm_mul_dropout_backward(Tensor grad, Tensor x, Tensor u, Tensor weight, Tensor bias, Tensor mean, "
+        "Tensor rstd, Tensor words, int threshold, float scale) -> (Tensor, Tensor, Tensor, Tensor)");
+}
+
+TORCH_LIBRARY_IMPL(grlib, CPU, m) {
+  m.impl("layer_norm_mul", GRLIB_DISPATCH(layer_norm_mul_fwd));
+  m.impl("layer_norm_mul_backward", GRLIB_DISPATCH(layer_norm_mul_bwd));
+  m.impl("layer_norm_mul_dropout", GRLIB_DISPATCH(layer_norm_mul_dropout_fwd));
+  m.impl("layer_norm_mul_dropout_backward", GRLIB_DISPATCH(layer_norm_mul_dropout_bwd));
+}
+
+#else
+namespace GRLIB_ISA_NS {
 
 namespace {
 
@@ -245,21 +272,5 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> layer_norm_mul_dropou
                                  op);
 }
 
-TORCH_LIBRARY_FRAGMENT(grlib, m) {
-  // y = LayerNorm(x; weight, bias, eps) * u over the last dim of x, u [N, d]
-  m.def("layer_norm_mul(Tensor x, Tensor u, Tensor weight, Tensor bias, float eps) -> (Tensor, Tensor, Tensor)");
-  m.def("layer_norm_mul_backward(Tensor grad, Tensor x, Tensor u, Tensor weight, Tensor bias, Tensor mean, "
-        "Tensor rstd) -> (Tensor, Tensor, Tensor, Tensor)");
-  // the same, then * (words >= threshold) * scale: words [N, d] int16 (dropout_words, grlib/ops/dropout.py)
-  m.def("layer_norm_mul_dropout(Tensor x, Tensor u, Tensor weight, Tensor bias, float eps, Tensor words, "
-        "int threshold, float scale) -> (Tensor, Tensor, Tensor)");
-  m.def("layer_norm_mul_dropout_backward(Tensor grad, Tensor x, Tensor u, Tensor weight, Tensor bias, Tensor mean, "
-        "Tensor rstd, Tensor words, int threshold, float scale) -> (Tensor, Tensor, Tensor, Tensor)");
-}
-
-TORCH_LIBRARY_IMPL(grlib, CPU, m) {
-  m.impl("layer_norm_mul", &layer_norm_mul_fwd);
-  m.impl("layer_norm_mul_backward", &layer_norm_mul_bwd);
-  m.impl("layer_norm_mul_dropout", &layer_norm_mul_dropout_fwd);
-  m.impl("layer_norm_mul_dropout_backward", &layer_norm_mul_dropout_bwd);
-}
+}  // namespace GRLIB_ISA_NS
+#endif

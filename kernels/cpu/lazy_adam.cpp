@@ -16,6 +16,22 @@
 
 #include <cmath>
 #include <initializer_list>
+#include "isa.h"
+
+#if !defined(GRLIB_ISA_NS)  // once per path (isa.h), then the registrations
+#define GRLIB_ISA_SELF "lazy_adam.cpp"
+#include "isa_paths.h"
+
+TORCH_LIBRARY_FRAGMENT(grlib, m) {
+  // In place: Adam on the rows of w [V, d] whose grad row is nonzero; per-row step counts [V] f64.
+  m.def("lazy_adam_(Tensor(a!) w, Tensor grad, Tensor(b!) exp_avg, Tensor(c!) exp_avg_sq, Tensor(d!) step, "
+        "float lr, float beta1, float beta2, float eps) -> ()");
+}
+
+TORCH_LIBRARY_IMPL(grlib, CPU, m) { m.impl("lazy_adam_", GRLIB_DISPATCH(lazy_adam_)); }
+
+#else
+namespace GRLIB_ISA_NS {
 
 namespace {
 
@@ -70,10 +86,5 @@ void lazy_adam_(at::Tensor w, const at::Tensor& grad, at::Tensor exp_avg, at::Te
 
 }  // namespace
 
-TORCH_LIBRARY_FRAGMENT(grlib, m) {
-  // In place: Adam on the rows of w [V, d] whose grad row is nonzero; per-row step counts [V] f64.
-  m.def("lazy_adam_(Tensor(a!) w, Tensor grad, Tensor(b!) exp_avg, Tensor(c!) exp_avg_sq, Tensor(d!) step, "
-        "float lr, float beta1, float beta2, float eps) -> ()");
-}
-
-TORCH_LIBRARY_IMPL(grlib, CPU, m) { m.impl("lazy_adam_", &lazy_adam_); }
+}  // namespace GRLIB_ISA_NS
+#endif

@@ -12,6 +12,21 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include "isa.h"
+
+#if !defined(GRLIB_ISA_NS)  // once per path (isa.h), then the registrations
+#define GRLIB_ISA_SELF "transpose.cpp"
+#include "isa_paths.h"
+
+TORCH_LIBRARY_FRAGMENT(grlib, m) {
+  // x [m, n] -> x^T [n, m], contiguous (grlib/ops/matmul.py).
+  m.def("transpose_copy(Tensor x) -> Tensor");
+}
+
+TORCH_LIBRARY_IMPL(grlib, CPU, m) { m.impl("transpose_copy", GRLIB_DISPATCH(transpose_copy)); }
+
+#else
+namespace GRLIB_ISA_NS {
 
 namespace {
 
@@ -56,9 +71,5 @@ at::Tensor transpose_copy(const at::Tensor& x_in) {
 
 }  // namespace
 
-TORCH_LIBRARY_FRAGMENT(grlib, m) {
-  // x [m, n] -> x^T [n, m], contiguous (grlib/ops/matmul.py).
-  m.def("transpose_copy(Tensor x) -> Tensor");
-}
-
-TORCH_LIBRARY_IMPL(grlib, CPU, m) { m.impl("transpose_copy", &transpose_copy); }
+}  // namespace GRLIB_ISA_NS
+#endif

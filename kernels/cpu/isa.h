@@ -1,0 +1,111 @@
+// Instruction-set paths of grlib._C: each kernel translation unit is compiled once per path, in one
+// compiler run, and every op calls the path chosen at run time.
+//
+//   path     vectors (GRLIB_VBYTES)   register blocks (hstu_tiles.h)        where
+//   avx512   64 bytes (zmm)           6 x 4 accumulators of 32 registers    x86-64 with AVX-512 F/BW/DQ/VL
+//   avx2     32 bytes (ymm)           6 x 2 accumulators of 16 registers    x86-64 with AVX2 + FMA
+//   generic  16 bytes (SSE2 / NEON)   6 x 2                                 any CPU (the only path off x86-64)
+//
+// How: a kernel file includes this header, then (outside any path) isa_paths.h, which includes the
+// file again once per path between `#pragma GCC push_options / target(...)` with GRLIB_ISA_NS set
+// to the path's namespace (grlib_avx512, grlib_avx2, grlib_generic); the file's body puts its code
+// in namespace GRLIB_ISA_NS, and its op registrations (outside the paths) name GRLIB_DISPATCH(fn),
+// a function that calls GRLIB_ISA_NS::fn of the current path. The torch and standard headers are
+// included here, before any path, so that their inline functions stay baseline code (and inline
+// into every path). The base flags (setup.py) are the baseline ISA: -march=x86-64, or x86-64-v3 for
+// GRLIB_ISA_BUILD=x86-64-v3, which also drops the avx512 path (GRLIB_NO_AVX512): no zmm anywhere.
+//
+// The current path: the widest path this CPU and this build have, until grlib.ops.cpu sets the one
+// grlib.hardware.isa selected (GRLIB_ISA) through grlib._C.set_isa.
+#pragma once
+
+#include <torch/extension.h>
+#include <ATen/OpMathType.h>
+#include <ATen/Parallel.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <initializer_list>
+#include <optional>
+#include <tuple>
+#include <utility>
+#include <vector>
+#if defined(__x86_64__)
+#include <immintrin.h>
+#define GRLIB_X86 1
+#else
+#define GRLIB_X86 0
+#endif
+#if GRLIB_X86 && !defined(GRLIB_NO_AVX512)
+#define GRLIB_BUILD_AVX512 1
+#else
+#define GRLIB_BUILD_AVX512 0
+#endif
+#define GRLIB_BUILD_AVX2 GRLIB_X86
+
+namespace grlib::isa {
+
+enum Path : int { GENERIC = 0, AVX2 = 1, AVX512 = 2 };
+inline constexpr const char* NAMES[] = {"generic", "avx2", "avx512"};
+
+inline bool built(int p) {
+  return p == GENERIC || (p == AVX2 && GRLIB_BUILD_AVX2) || (p == AVX512 && GRLIB_BUILD_AVX512);
+}
+
+// Whether this CPU runs path p (cpuid through the compiler's builtin).
+inline bool cpu_has(int p) {
+#if GRLIB_X86
+  __builtin_cpu_init();
+  if (p == AVX512)
+    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+           __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx2") &&
+           __builtin_cpu_supports("fma");
+  if (p == AVX2) return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+#endif
+  return p == GENERIC;
+}
+
+inline int widest() {
+  for (int p = AVX512; p > GENERIC; --p)
+    if (built(p) && cpu_has(p)) return p;
+  return GENERIC;
+}
+
+inline std::atomic<int> current_path{-1};
+
+inline int current() {
+  int p = current_path.load(std::memory_order_relaxed);
+  if (p < 0) current_path.store(p = widest(), std::memory_order_relaxed);
+  return p;
+}
+
+// fn of the current path (F512, F2, F1: the avx512, avx2, generic builds of one function).
+template <auto F512, auto F2, auto F1>
+struct Dispatch;
+template <typename R, typename... A, R (*F512)(A...), R (*F2)(A...), R (*F1)(A...)>
+struct Dispatch<F512, F2, F1> {
+  static R call(A... a) {
+    switch (current()) {
+      case AVX512: return F512(std::forward<A>(a)...);
+      case AVX2: return F2(std::forward<A>(a)...);
+      default: return F1(std::forward<A>(a)...);
+    }
+  }
+};
+
+}  // namespace grlib::isa
+
+#if GRLIB_BUILD_AVX2
+#define GRLIB_FN_AVX2(fn) &grlib_avx2::fn
+#else
+#define GRLIB_FN_AVX2(fn) &grlib_generic::fn
+#endif
+#if GRLIB_BUILD_AVX512
+#define GRLIB_FN_AVX512(fn) &grlib_avx512::fn
+#else
+#define GRLIB_FN_AVX512(fn) GRLIB_FN_AVX2(fn)
+#endif
+#define GRLIB_DISPATCH(fn) (&::grlib::isa::Dispatch<GRLIB_FN_AVX512(fn), GRLIB_FN_AVX2(fn), &grlib_generic::fn>::call)
