@@ -203,6 +203,7 @@ def run(args: argparse.Namespace) -> list[dict]:
         rows.append({
             "attention_impl": impl, "compiled": compiled, "auto": impl == auto and not compiled,
             "precision": cfg.model.precision,
+            "isa": hardware.isa.current(), "cpu_model": hardware.isa.cpu_model(),  # grlib._C's path, the CPU
             "d_model": cfg.model.d_model, "n_layers": cfg.model.n_layers,
             "n_heads": cfg.model.n_heads, "batch": cfg.train.batch_size, "max_len": cfg.data.max_len,
             "params": count.total, "tokens_per_step": T, "real_fraction": T / (cfg.train.batch_size * cfg.data.max_len),
