@@ -78,7 +78,7 @@ def test_dropout_under_global_rows_draws_the_global_masks(lengths, world):
 
 @pytest.mark.parametrize("balance", ["none", "kk"])
 def test_two_ranks_train_what_one_process_trains(single_run, balance, dp_smoke):
-    from grlib.experiments.train_stage import fit_rank
+    from grlib.fit import fit_rank
 
     got = launch(fit_rank, 2, args=(dp_smoke(), "scale", DistConfig(world=2, balance=balance), None, 0, False))
     assert got[0]["losses"] == got[1]["losses"]  # every rank reports the global loss
@@ -92,7 +92,7 @@ def test_two_ranks_train_what_one_process_trains(single_run, balance, dp_smoke):
 
 
 def test_per_rank_checkpoints_resume_exactly(single_run, tmp_path, dp_smoke):
-    from grlib.experiments.train_stage import fit_rank
+    from grlib.fit import fit_rank
 
     ckpt = str(tmp_path / "ckpt")
     dist_cfg = DistConfig(world=2, balance="lpt")

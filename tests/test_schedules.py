@@ -61,7 +61,7 @@ def _train_each_schedule(runtime) -> dict:
 
     from grlib.data.catalog import load_dataset
     from grlib.model import build_model
-    from grlib.train import train
+    from grlib.fit import train
 
     cfg = load_config("smoke", {"train.max_steps": 50, "train.epochs": 20, "train.batch_size": 32})
     data = load_dataset(cfg, "scale").data

@@ -109,7 +109,7 @@ def test_checkpoint_tables_move_between_world_sizes():
 
 @pytest.mark.parametrize("items,dedup,nodes", [("flat", "rank", 1), ("hierarchical", "node", 2)])
 def test_training_with_sharded_items_equals_one_process(single_run, items, dedup, nodes, dp_smoke):
-    from grlib.experiments.train_stage import fit_rank
+    from grlib.fit import fit_rank
 
     world = 2 * nodes
     cfg = DistConfig(world=world, nodes=nodes, balance="lpt", items=items, dedup=dedup)
@@ -124,7 +124,7 @@ def test_training_with_sharded_items_equals_one_process(single_run, items, dedup
 
 def _fit(cfg, ckpt: str | None, every: int = 0):
     from grlib.data.catalog import load_dataset
-    from grlib.experiments.train_stage import fit_and_evaluate
+    from grlib.fit import fit_and_evaluate
 
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
@@ -139,7 +139,7 @@ def test_sharded_checkpoints_resume_on_the_same_and_on_other_world_sizes(single_
     for one process resume there (2 -> 1); one process's checkpoint resharded for 2 ranks (1 -> 2).
     Every resumed run ends with the uninterrupted single-process losses and metrics."""
     from grlib.dist.reshard import reshard
-    from grlib.experiments.train_stage import fit_rank
+    from grlib.fit import fit_rank
 
     dist_cfg = DistConfig(world=2, balance="kk", items="flat")
     two, one, back = (str(tmp_path / n) for n in ("two", "one", "back"))

@@ -49,13 +49,11 @@ from grlib.bench.common import positive_int, print_table, set_threads, thread_co
 from grlib.config import config_from_args
 from grlib.config.choices import MODEL_PRECISIONS
 from grlib.data.catalog import load_dataset
+from grlib.fit import assemble
 from grlib.model import build_model, parameter_count
 from grlib.model.hstu import COMPUTE_DTYPES
 from grlib.ops import registry
-from grlib.negatives import build_negative_path
-from grlib.train.optim import Optimizers
-from grlib.train.prefetch import build_schedule
-from grlib.train.step import PHASES, TrainStep
+from grlib.train.step import PHASES
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -101,20 +99,20 @@ class PlainCompiled(nn.Module):
             return self.compiled(batch)
 
 
-def _build_step(cfg, data, compiled: bool = False) -> TrainStep:
+def _build_schedule(cfg, data, compiled: bool = False):
+    """The trainer's schedule (grlib.fit.assemble: negative path, optimizers, step) around a fresh model."""
     torch.manual_seed(cfg.train.seed)
     model = build_model(cfg.model, data.n_items, cfg.data.max_len)
     model.train()
     model = PlainCompiled(model) if compiled else model
-    path = build_negative_path(cfg.negatives, data.n_items, data.train_item_counts(), seed=cfg.train.seed)
-    return TrainStep(model, path, Optimizers(model, cfg.train))
+    return assemble(model, data, cfg.train, cfg.negatives)
 
 
 def _time_steps(cfg, data, batches, warmup: int, compiled: bool = False) -> tuple[list[dict], float]:
     """Per timed step: tokens, FLOPs, phase seconds, on-CPU seconds; and the warm-up steps' wall seconds."""
-    step, threads_now = _build_step(cfg, data, compiled), torch.get_num_threads()
+    schedule, threads_now = _build_schedule(cfg, data, compiled), torch.get_num_threads()
     records, warmup_s = [], 0.0
-    with closing(build_schedule(step, cfg.negatives).run(batches)) as steps:
+    with closing(schedule.run(batches)) as steps:
         wall, cpu = time.perf_counter(), time.process_time()
         for i, out in enumerate(steps):
             wall, cpu, dw, dc = time.perf_counter(), time.process_time(), time.perf_counter() - wall, \
@@ -160,7 +158,7 @@ def top_ops(cfg, data, batches, n: int, steps: int = 3) -> list[dict]:
     """The n ops with the most self CPU time over `steps` profiled training steps (torch.profiler)."""
     from torch.profiler import ProfilerActivity, profile
 
-    step = _build_step(cfg, data)
+    step = _build_schedule(cfg, data).step
     it = iter(batches)
     step(it)  # warm
     with profile(activities=[ProfilerActivity.CPU]) as prof:

@@ -73,7 +73,7 @@ def run_cli(args: argparse.Namespace) -> int:
     from grlib import results
     from grlib.config import load_config
     from grlib.data.catalog import load_dataset
-    from grlib.experiments.train_stage import fit_and_evaluate, model_peak
+    from grlib.fit import fit_and_evaluate, model_peak
     from grlib.results import atomic_write_bytes
 
     if args.params_only:
@@ -126,7 +126,7 @@ def _run_ranks(args: argparse.Namespace, cfg, env_world: int) -> dict | None:
     from grlib.data.catalog import load_dataset
     from grlib.dist.launch import launch
     from grlib.dist.topology import Topology, init_runtime
-    from grlib.experiments.train_stage import fit_rank
+    from grlib.fit import fit_rank
 
     if args.model == "popularity":
         raise ConfigError("--world: the popularity model does no training; run it on one process")

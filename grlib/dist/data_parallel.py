@@ -20,7 +20,7 @@ rows (grlib.model.dropout.global_rows). Balancing only moves sequences between r
 the global batch, so balanced runs equal it too, within float summation order.
 
 Planning (assignment, negatives, the local sub-batch) is pure host work: under the prefetch and
-semisync schedules (grlib.dist.schedules) a worker thread plans step i+1 while step i computes. Every step the
+semisync schedules (grlib.dist.schedules, built by grlib.fit.assemble) a worker thread plans step i+1 while step i computes. Every step the
 ranks all-gather a fingerprint of the global batch (sequences, tokens, a length checksum), so ranks
 that read different data (another seed, another dataset) stop with an error instead of training
 silently apart. Here the data is read whole by every rank (cheap next to a step); a loader that
@@ -207,17 +207,3 @@ def broadcast_parameters(model: nn.Module, group=None) -> None:
     with torch.no_grad():
         for t in model.state_dict().values():
             dist.broadcast(t, src=0, group=group)
-
-
-def build(model: nn.Module, path: NegativePath, opt: Optimizers, cfg: DistConfig, runtime, model_cfg: ModelConfig,
-          seed: int):
-    """The schedule (grlib.dist.schedules.Schedule) of one rank's data-parallel training."""
-    from grlib.dist.schedules import Schedule
-    from grlib.dist.topology import side_channel
-
-    topo = runtime.topology
-    planner = Planner(path, topo.rank, topo.world, cfg.balance, equal_counts=cfg.equal_counts,
-                      cost=cost_function(cfg, model_cfg), seed=seed)
-    step = DataParallelStep(model, path, opt, runtime.world_group)
-    side = side_channel(runtime, cfg.timeout_s) if step.tables and cfg.schedule != "sync" else None
-    return Schedule(step, planner, cfg.schedule, cfg.staleness, side)

@@ -118,6 +118,7 @@ class Schedule:
         if staleness < 0 or (staleness and kind != "semisync"):
             raise ValueError(f"staleness must be >= 0 and only with schedule 'semisync', got {staleness} with {kind!r}")
         self.step, self.planner, self.kind, self.k = step, planner, kind, staleness
+        self.world, self.rank = planner.world, planner.rank
         self.model: nn.Module = step.model
         self.tables = [m for m in self.model.modules() if isinstance(m, ShardedRows)]
         self.side = side  # a side channel (grlib.dist.topology.side_channel) for routes built ahead

@@ -118,7 +118,8 @@ def pair_rank(runtime, cfg: Config, dist_cfg: DistConfig, steps: int, batch_size
     rank's per-step seconds (the first two, warm-up, dropped)."""
     from grlib.data.catalog import load_dataset
     from grlib.model import build_model
-    from grlib.train import PHASES, train
+    from grlib.fit import train
+    from grlib.train import PHASES
 
     if runtime.topology.rank != 0:
         runtime.barrier()

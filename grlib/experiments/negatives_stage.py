@@ -49,12 +49,10 @@ from grlib.data.catalog import Dataset
 from grlib.data.download import DownloadError
 from grlib.data.sequences import JaggedBatch, SequenceData
 from grlib.experiments import claims
+from grlib.fit import assemble
 from grlib.negatives.memory import peak_bytes
 from grlib.negatives.path import build_negative_path, sample_stats
 from grlib.progress import progress
-from grlib.train.optim import Optimizers
-from grlib.train.prefetch import build_schedule
-from grlib.train.step import TrainStep
 
 TABLE = "negatives"
 
@@ -198,14 +196,14 @@ def measure_stats(v: Variant, cfg: Config, data: SequenceData, batches: list[Jag
             "negative_rows": out["negative_rows"], "rows_per_step": out["negative_rows"] + out["positive_rows"]}
 
 
-def _round(v: Variant, runner: dict, batches: list[JaggedBatch]) -> list[float]:
-    """One timed pass of `batches` through a variant: step intervals in ms, the first one dropped."""
-    step = TrainStep(runner["model"], runner["path"], runner["opt"])  # the trainer's step and optimizers
+def _round(v: Variant, schedule, batches: list[JaggedBatch]) -> list[float]:
+    """One timed pass of `batches` through a variant's schedule (the trainer's: grlib.fit.assemble;
+    async: the prefetch schedule): step intervals in ms, the first one dropped."""
     if v.sampling == "presampled":
         for b in batches:
-            step.path.prepare(b)
+            schedule.step.path.prepare(b)
     intervals, last = [], time.perf_counter()
-    with closing(build_schedule(step, step.path.cfg).run(batches)) as steps:  # async: the prefetch schedule
+    with closing(schedule.run(batches)) as steps:
         for _ in steps:
             now = time.perf_counter()
             intervals.append((now - last) * 1e3)
@@ -218,14 +216,12 @@ def measure_step_times(vs: list[Variant], cfg: Config, data: SequenceData, batch
     """Median step ms per variant over `rounds` interleaved rounds (variant order rotated per round)."""
     from grlib.model import build_model
 
-    counts = data.train_item_counts()
     runners = {}
     for v in vs:
         torch.manual_seed(seed)
         model = build_model(cfg.model, data.n_items)
         model.train()
-        runners[v.name] = {"model": model, "opt": Optimizers(model, cfg.train),
-                           "path": build_negative_path(v.negatives(cfg.negatives), data.n_items, counts, seed)}
+        runners[v.name] = assemble(model, data, cfg.train, v.negatives(cfg.negatives), seed=seed)
     times: dict[str, list[float]] = {v.name: [] for v in vs}
     for r in progress(range(rounds), desc="timing rounds"):
         for v in vs[r % len(vs):] + vs[:r % len(vs)]:
@@ -237,8 +233,8 @@ def measure_quality(v: Variant, cfg: Config, data: SequenceData, ab: NegativesAb
                     mask_history: bool) -> dict:
     """Test NDCG@10 / HR@10 after the fixed budget (see module doc) with grlib.train.train."""
     from grlib.evaluate import evaluate, last_token_scores
+    from grlib.fit import train
     from grlib.model import build_model
-    from grlib.train import train
 
     n_batches = data.n_train_batches(cfg.train.batch_size)
     steps = min(ab.train_steps, cfg.train.epochs * n_batches)

@@ -72,7 +72,7 @@ def _train(cfg: Config, data, runtime, dist_cfg: DistConfig | None, steps: int, 
     main thread ran on a core and waited for one between the previous step's record and its own."""
     from grlib.model import build_model
     from grlib.perf import sequence_flops
-    from grlib.train import train
+    from grlib.fit import train
 
     torch.manual_seed(cfg.train.seed)
     model = build_model(cfg.model, data.n_items, max_len)

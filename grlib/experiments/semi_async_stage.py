@@ -53,7 +53,7 @@ def runs(ab: SemiAsyncAblation) -> list[dict]:
 def grid_rank(runtime, cfg: Config, ab: SemiAsyncAblation) -> list[dict]:
     """One rank of the whole grid (one start-up for every run); rank 0's rows are the result."""
     from grlib.data.catalog import load_dataset
-    from grlib.experiments.train_stage import fit_and_evaluate
+    from grlib.fit import fit_and_evaluate
 
     if runtime.topology.rank != 0:
         os.environ["GRLIB_PROGRESS"] = "0"

@@ -1,5 +1,5 @@
 """The training loop: epochs of jagged batches through the one training step (grlib.train.step),
-run by the schedule the negatives config asks for (grlib.train.prefetch: sync or prefetch).
+run by a built schedule (grlib.train.prefetch on one process, grlib.fit.assemble for 1 or N ranks).
 
     result = train(model, data, cfg.train, cfg.data.max_len, cfg.negatives,
                    validate=fn, checkpoint_dir=dir, checkpoint_every=100)
@@ -12,10 +12,11 @@ steps and at each epoch end, and resumes from it (exactly, see grlib.train.check
 on stderr. `identity` (e.g. the data and model settings) is stored with each checkpoint, and a
 resume whose identity, train settings, negative path or model differ is refused, naming what.
 
-With `runtime` (grlib.dist.topology.Runtime) of world N > 1 and `dist_cfg`, each rank runs this loop
-on the same global batches and trains its share (grlib.dist.data_parallel: balanced assignment,
-gradients all-reduced; the losses are the global batch's). Each rank checkpoints its own file,
-last.rank<r>-of-<N>.pt, and resumes only on the same world size.
+`schedule` is the built schedule the steps come from (its step holds the negative path and the
+optimizers the checkpoints save): by default one process's (grlib.train.prefetch.one_process).
+grlib.fit.assemble builds it for 1 or N ranks; a rank of N (grlib.dist.schedules.Schedule) runs this
+loop on the same global batches and trains its share (the losses are the global batch's). Each rank
+checkpoints its own file, last.rank<r>-of-<N>.pt, and resumes only on the same world size.
 """
 from __future__ import annotations
 
@@ -32,15 +33,14 @@ import polars as pl
 import torch
 from torch import nn
 
-from grlib.config import DistConfig, NegativesConfig, TrainConfig
+from grlib.config import NegativesConfig, TrainConfig
 from grlib.data.sequences import SequenceData
 from grlib.jagged import JaggedBatch
-from grlib.negatives import build_negative_path
 from grlib.progress import bar
 from grlib.train import checkpoint
 from grlib.train.optim import Optimizers
-from grlib.train.prefetch import build_schedule
-from grlib.train.step import PHASES, StepResult, TrainStep
+from grlib.train.prefetch import one_process
+from grlib.train.step import PHASES, StepResult
 
 SELECT_METRIC = "ndcg@10"
 
@@ -82,22 +82,14 @@ def train(model: nn.Module, data: SequenceData, cfg: TrainConfig, max_len: int, 
           *, validate: Callable[[nn.Module], dict[str, float]] | None = None,
           checkpoint_dir: str | Path | None = None, checkpoint_every: int = 0, resume: bool = True,
           flops_fn: Callable[[JaggedBatch], float] | None = None,
-          identity: dict[str, Any] | None = None, runtime: Any = None,
-          dist_cfg: DistConfig | None = None) -> TrainResult:
+          identity: dict[str, Any] | None = None, schedule: Any = None) -> TrainResult:
     """Trains `model` in place; deterministic per cfg.seed (given the same initial weights)."""
     torch.manual_seed(cfg.seed)
     rng = np.random.default_rng(cfg.seed)
-    world, rank = (runtime.topology.world, runtime.topology.rank) if runtime is not None else (1, 0)
-    if world > 1:
-        from grlib.dist import data_parallel
-
-        data_parallel.broadcast_parameters(model, runtime.world_group)
-        if dist_cfg is not None and dist_cfg.items != "replicated":
-            from grlib.dist.sharded_embedding import shard_item_table
-
-            shard_item_table(model, runtime, dist_cfg.items, dist_cfg.dedup)
-    path = build_negative_path(negatives, data.n_items, data.train_item_counts(), seed=cfg.seed)
-    opt = Optimizers(model, cfg)
+    if schedule is None:
+        schedule = one_process(model, data.n_items, data.train_item_counts(), cfg, negatives)
+    world, rank = schedule.world, schedule.rank
+    path, opt = schedule.step.path, schedule.step.opt
     pos, result, best = _Position(), TrainResult(), {"state": None, "metric": -np.inf}
     name = "last.pt" if world == 1 else f"last.rank{rank}-of-{world}.pt"
     ckpt = Path(checkpoint_dir) / name if checkpoint_dir else None
@@ -113,11 +105,6 @@ def train(model: nn.Module, data: SequenceData, cfg: TrainConfig, max_len: int, 
             print(f"resuming from {ckpt} at step {pos.step} (epoch {pos.epoch}, batch {pos.batch})",
                   file=sys.stderr, flush=True)
     save = (lambda: checkpoint.save(ckpt, _snapshot(model, opt, path, pos, result, best, run))) if ckpt else None
-    if world > 1:
-        schedule = data_parallel.build(model, path, opt, dist_cfg or DistConfig(world=world), runtime, model.cfg,
-                                       cfg.seed)
-    else:
-        schedule = build_schedule(TrainStep(model, path, opt), negatives)
     model.train()
     with bar(total, desc="train", initial=pos.step) as pbar:
         while pos.epoch < cfg.epochs and pos.step < total:

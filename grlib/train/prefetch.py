@@ -27,8 +27,12 @@ import time
 from collections.abc import Callable, Generator, Iterable, Iterator
 from typing import Generic, TypeVar
 
-from grlib.config import NegativesConfig
+from torch import nn
+
+from grlib.config import NegativesConfig, TrainConfig
 from grlib.jagged import JaggedBatch
+from grlib.negatives import build_negative_path
+from grlib.train.optim import Optimizers
 from grlib.train.step import StepResult, TrainStep
 
 B = TypeVar("B")
@@ -137,6 +141,8 @@ class PrefetchWorker(Generic[B, S]):
 class SyncSchedule:
     """One step per batch, nothing ahead: the step's loss draws the batch's negatives."""
 
+    world, rank = 1, 0  # one process (grlib.dist.schedules.Schedule: a rank of N)
+
     def __init__(self, step: TrainStep):
         self.step = step
 
@@ -163,3 +169,12 @@ class PrefetchSchedule(SyncSchedule):
 def build_schedule(step: TrainStep, negatives: NegativesConfig) -> SyncSchedule:
     """PrefetchSchedule when negatives.async_sampling (queue_depth ahead), else SyncSchedule."""
     return PrefetchSchedule(step, negatives.queue_depth) if negatives.async_sampling else SyncSchedule(step)
+
+
+def one_process(model: nn.Module, n_items: int, item_counts, cfg: TrainConfig, negatives: NegativesConfig,
+                seed: int | None = None) -> SyncSchedule:
+    """The schedule of one process's training: the negative path (seeded with `seed`, default
+    cfg.seed), the optimizers and the step around `model`, under negatives.async_sampling's schedule.
+    (grlib.fit.assemble builds it, or a rank's of N.)"""
+    path = build_negative_path(negatives, n_items, item_counts, seed=cfg.seed if seed is None else seed)
+    return build_schedule(TrainStep(model, path, Optimizers(model, cfg)), negatives)
