@@ -133,6 +133,18 @@ def test_train_command_refuses_a_bad_layout(capsys):
     assert "dist.nodes" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("flags", [["--balance", "kk"], ["--schedule", "semisync", "--staleness", "1"],
+                                   ["--items", "flat"], ["--cost", "tokens"], ["--nodes", "2"]])
+def test_one_process_refuses_the_data_parallel_flags_it_would_not_read(capsys, flags):
+    from grlib.cli import main
+
+    assert main(["train", "--scale", "smoke", *flags]) == 2
+    out, err = capsys.readouterr()
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and "--world is 1" in lines[0]
+    assert all(f"--{f.lstrip('-')}=" in lines[0] for f in flags if f.startswith("--")) and not out
+
+
 def test_torchrun_runs_the_train_command(tmp_path, isolated_outputs):
     out = tmp_path / "out.json"
     run = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
@@ -176,3 +188,22 @@ def test_a_rank_killed_mid_training_ends_the_run_with_an_error_naming_it(tmp_pat
     assert proc.returncode == 1, err[-2000:]
     assert "rank 1" in err
     assert not [c for c in ranks if c.is_running() and c.status() != psutil.STATUS_ZOMBIE]
+
+
+def test_cost_quadratic_is_calibrated_by_the_launcher_and_refused_under_torchrun(capsys):
+    import argparse
+
+    from grlib.cli.train import _dist_config
+    from grlib.config import ConfigError, load_config
+
+    args = argparse.Namespace(backend="auto", balance="kk", cost="quadratic", schedule="prefetch", staleness=0,
+                              items="replicated", dedup="rank")
+    dc = _dist_config(args, 2, 1, load_config("smoke", {"model.name": "hstu"}))
+    assert dc.cost == "quadratic" and len(dc.quadratic) == 3 and all(c >= 0 for c in dc.quadratic)
+    from grlib.dist.cost import QuadraticCost
+
+    short, long = QuadraticCost(*dc.quadratic)([16, 64])
+    assert long > short  # a layer's pass over a longer sequence takes longer
+    assert "--cost quadratic: calibrated" in capsys.readouterr().err
+    with pytest.raises(ConfigError, match="torchrun"):
+        _dist_config(args, 2, 1)

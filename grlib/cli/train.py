@@ -10,7 +10,8 @@ Data parallel (grlib.dist.data_parallel): --world N starts N processes here (one
 each on CPU); under torchrun the world comes from its environment (nccl on CUDA, hccl on Ascend,
 gloo on CPU). Every rank trains its share of the same global batches, so the losses are those of
 one process (within float summation order); only rank 0 prints and writes the row, which records
-world, nodes and the balancer.
+world, nodes and the balancer. On one process the data-parallel flags (--nodes, --balance, --cost,
+--items, --dedup, --schedule, --staleness) are refused with one error line: nothing would read them.
 
 The data comes from the dataset catalogue (grlib.data.catalog): with data.* overrides (e.g.
 -o data.max_len=64) it is prepared once into a folder of its own; the scale's stays as it is.
@@ -98,6 +99,7 @@ def run_cli(args: argparse.Namespace) -> int:
             return 0
         name, row, losses = got["dataset"], got["row"], got["losses"]
     else:
+        _refuse_moot_dist_flags(args)
         ds = load_dataset(cfg, args.dataset)
         peak = model_peak(cfg)  # measured in this run, before training, in the model's precision
         fit = fit_and_evaluate(cfg, ds, peak, checkpoint_dir=args.checkpoint_dir,
@@ -139,16 +141,57 @@ def _run_ranks(args: argparse.Namespace, cfg, env_world: int) -> dict | None:
         with init_runtime(topo, backend=dist_cfg.backend, timeout_s=dist_cfg.timeout_s) as runtime:
             got = fit_rank(runtime, cfg, args.dataset, dist_cfg, args.checkpoint_dir, args.checkpoint_every)
         return got if topo.rank == 0 else None
-    dist_cfg = _dist_config(args, args.world, args.nodes)
+    dist_cfg = _dist_config(args, args.world, args.nodes, cfg)
     load_dataset(cfg, args.dataset)  # prepared here once, before the ranks read it
     return launch(fit_rank, dist_cfg.world, nodes=dist_cfg.nodes, backend=dist_cfg.backend,
                   args=(cfg, args.dataset, dist_cfg, args.checkpoint_dir, args.checkpoint_every),
                   timeout_s=max(dist_cfg.timeout_s, 3600.0))[0]
 
 
-def _dist_config(args: argparse.Namespace, world: int, nodes: int) -> DistConfig:
+# the flags only data-parallel ranks read; with one process each must keep its default
+_DIST_FLAGS = ("nodes", "balance", "cost", "items", "dedup", "schedule", "staleness")
+
+
+def _refuse_moot_dist_flags(args: argparse.Namespace) -> None:
+    """One process trains: a data-parallel flag set away from its default would be read by nothing."""
+    default = DistConfig()
+    moot = [f"--{f}={getattr(args, f)}" for f in _DIST_FLAGS if getattr(args, f) != getattr(default, f)]
+    if moot:
+        raise ConfigError(f"{' '.join(moot)}: only data-parallel ranks read "
+                          f"{'it' if len(moot) == 1 else 'them'}, and --world is 1 (one process); "
+                          f"start N ranks with --world N, or leave {'it' if len(moot) == 1 else 'them'} out")
+
+
+def _dist_config(args: argparse.Namespace, world: int, nodes: int, cfg=None) -> DistConfig:
+    """--cost quadratic: its (c0, a, b) calibrated here first (one HSTU layer of cfg.model, timed)."""
+    quadratic = ()
+    if args.cost == "quadratic":
+        if cfg is None:  # each torchrun rank would time its own coefficients, and the ranks plan alike only on equal ones
+            raise ConfigError("--cost quadratic: calibrated by the launching process; under torchrun use "
+                              "--cost flops or tokens, or start the ranks here with --world N")
+        quadratic = _calibrate_quadratic(cfg)
     return DistConfig(world=world, nodes=nodes, backend=args.backend, balance=args.balance, cost=args.cost,
-                      schedule=args.schedule, staleness=args.staleness, items=args.items, dedup=args.dedup)
+                      quadratic=quadratic, schedule=args.schedule, staleness=args.staleness, items=args.items,
+                      dedup=args.dedup)
+
+
+def _calibrate_quadratic(cfg) -> tuple[float, float, float]:
+    """(c0, a, b) of one HSTU layer's seconds per sequence, fitted on lengths 16 .. data.max_len (grlib.dist.cost)."""
+    import sys
+
+    import numpy as np
+
+    from grlib.dist.cost import calibrate_layer, fit_quadratic
+
+    if cfg.model.name != "hstu":
+        raise ConfigError(f"--cost quadratic: calibrated on an HSTU layer; --model {cfg.model.name} needs "
+                          f"--cost flops or tokens")
+    lengths = sorted({int(round(x)) for x in np.geomspace(16, max(cfg.data.max_len, 64), 6)})
+    points = calibrate_layer(cfg.model, lengths, repeats=3)
+    fit = fit_quadratic([p["length"] for p in points], [p["seconds_per_sequence"] for p in points])
+    print(f"--cost quadratic: calibrated c0={fit.c0:.3g} a={fit.a:.3g} b={fit.b:.3g} s (r2 {fit.r2:.3f}) on one "
+          f"HSTU layer at lengths {lengths}", file=sys.stderr, flush=True)
+    return (fit.c0, fit.a, fit.b)
 
 
 def _fmt(v) -> str:

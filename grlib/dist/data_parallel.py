@@ -29,7 +29,7 @@ reads only a share would all-gather the lengths and send the sequences with all_
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -45,7 +45,7 @@ from grlib.jagged import JaggedBatch
 from grlib.model.dropout import global_rows
 from grlib.negatives.path import ATTACHMENT, NegativePath, NegativeSample, PreparedSample
 from grlib.train.optim import Optimizers
-from grlib.train.step import StepResult
+from grlib.train.step import TrainStep
 
 METHOD = {"none": "contiguous", "random": "random", "snake": "snake", "lpt": "lpt", "kk": "kk"}
 
@@ -145,46 +145,36 @@ class GradientSync:
         return float(flat[-1]), waited
 
 
-class DataParallelStep:
-    """The training step of one rank (the phases of grlib.train.step.TrainStep, plus comm). Row
-    shards of a sharded item table are not all-reduced: their owners hold their whole gradient."""
+class DataParallelStep(TrainStep):
+    """The training step of one rank: TrainStep's phases on this rank's share of the global batch
+    (dropout on the global batch's rows, the loss weighted P_local / P_global), then the gradients
+    all-reduced (the comm phase). Row shards of a sharded item table are not all-reduced: their
+    owners hold their whole gradient."""
 
     def __init__(self, model: nn.Module, path: NegativePath, opt: Optimizers, group=None):
-        self.model, self.path, self.opt, self.group = model, path, opt, group
+        super().__init__(model, path, opt)
+        self.group = group
         self.tables = [m for m in model.modules() if isinstance(m, ShardedRows)]
         shards = {id(p) for m in self.tables for p in m.parameters()}
         self.sync = GradientSync([p for p in model.parameters() if p.requires_grad and id(p) not in shards], group)
         if shards:
             opt.sharded, opt.reduce = frozenset(shards), sum_over(group)
+        self._sent = (0, 0)
+        self._waited = 0.0
 
-    def __call__(self, plans: Iterator[RankPlan]) -> StepResult | None:
-        t0 = time.perf_counter()
-        plan = next(plans, None)
-        if plan is None:
-            return None
-        sent = self._link_bytes()
+    def begin(self, plan: RankPlan):
+        self._sent = self._link_bytes()
         check_same_batch(plan.fingerprint, self.group)
-        t1 = time.perf_counter()
-        with global_rows(plan.total_tokens, plan.token_index):
-            user = self.model(plan.local)  # [T_local, d]
-        t2 = time.perf_counter()
-        loss = self.path.loss(user, self.model.embed, plan.local) * plan.weight
-        t3 = time.perf_counter()
-        self.opt.zero_grad()
-        loss.backward()
-        t4 = time.perf_counter()
-        global_loss, waited = self.sync(loss)
-        t5 = time.perf_counter()
-        grad_norm = self.opt.step()
-        t6 = time.perf_counter()
-        loads = plan.loads
-        intra, inter = np.subtract(self._link_bytes(), sent)
-        return StepResult(plan.local, global_loss, grad_norm, self.opt.lr,
-                          {"data": t1 - t0, "forward": t2 - t1, "loss": t3 - t2, "backward": t4 - t3,
-                           "comm": t5 - t4, "optimizer": t6 - t5},
-                          extra={"t_start": t0, "allreduce_s": waited, "plan_s": plan.plan_s, "imbalance_model": imbalance(loads),
-                                 "global_tokens": plan.total_tokens, "items_intra_bytes": float(intra),
-                                 "items_inter_bytes": float(inter)})
+        return plan.local, global_rows(plan.total_tokens, plan.token_index), plan.weight
+
+    def reduce(self, loss: Tensor) -> tuple[float, dict[str, float]]:
+        global_loss, self._waited = self.sync(loss)
+        return global_loss, {}
+
+    def figures(self, plan: RankPlan, t0: float) -> dict[str, float]:
+        intra, inter = np.subtract(self._link_bytes(), self._sent)
+        return {"t_start": t0, "allreduce_s": self._waited, "plan_s": plan.plan_s, "imbalance_model": imbalance(plan.loads),
+                "global_tokens": plan.total_tokens, "items_intra_bytes": float(intra), "items_inter_bytes": float(inter)}
 
     def _link_bytes(self) -> tuple[int, int]:
         """Bytes this rank has sent for the sharded item tables so far (intra-node, inter-node)."""
