@@ -71,7 +71,7 @@ bench: $(KERNEL_STAMP)
 clean-venv:
 	rm -rf $(VENV) build
 
-# TorchRec 1.8.0, the peer of grlib.dist.torchrec_peer (tests/test_torchrec_peer.py skip without it). Its
+# TorchRec 1.8.0, the peer of grlib.distributed.torchrec_peer (tests/test_torchrec_peer.py skip without it). Its
 # wheel requires the CUDA fbgemm-gpu, so it goes in with --no-deps beside fbgemm-gpu-cpu, after the
 # [torchrec] extra (its other dependencies).
 TORCHREC_STAMP := $(VENV)/.torchrec-installed
@@ -81,5 +81,5 @@ setup-torchrec: $(TORCHREC_STAMP)
 $(TORCHREC_STAMP): $(DEPS_STAMP)
 	GRLIB_SKIP_EXT=1 $(PIP) install -q --no-build-isolation -e '.[cpu,torchrec]'
 	$(PIP) install -q --no-deps torchrec==1.8.0
-	$(PY) -c "from grlib.dist.torchrec_peer import available; ok, why = available(); assert ok, why; print('torchrec ready')"
+	$(PY) -c "from grlib.distributed.torchrec_peer import available; ok, why = available(); assert ok, why; print('torchrec ready')"
 	touch $@

@@ -13,7 +13,7 @@ target at rank 1 (a "most recent item" scorer then gets HR@1 = the repeat rate).
 refused for a split where some target repeats a history item: evaluate those without masking
 (`repeat_fraction` tells which protocol a split allows).
 
-A row-sharded item table (grlib.dist.sharded_embedding) scores only its own columns: its score
+A row-sharded item table (grlib.distributed.sharded_embedding) scores only its own columns: its score
 function returns ShardScores, and each rank counts the items of its columns that beat or tie the
 target; summing the counts over ranks gives exactly the rank one process computes, with the
 target's score taken from its owner's columns.

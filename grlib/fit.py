@@ -5,13 +5,13 @@ assembled in one place, trained by the loop (grlib.train.loop) and evaluated by 
     schedule = assemble(model, data, cfg.train, cfg.negatives, runtime=rt, dist_cfg=dc)  # a rank of N
     result = train(model, data, cfg.train, max_len, cfg.negatives, runtime=rt, dist_cfg=dc)  # assemble, loop
     fit = fit_and_evaluate(cfg, ds, peak)      # build, train, validate, test -> Fit(row, curve, losses)
-    fit_rank(runtime, cfg, "scale", dc)        # one rank's entry point (grlib.dist.launch, torchrun)
+    fit_rank(runtime, cfg, "scale", dc)        # one rank's entry point (grlib.distributed.launch, torchrun)
 
 Its callers: `python -m grlib train` (grlib.cli.train), the train stage, the semi-async stage,
 `bench train` and the negatives stage. One process runs negatives.async_sampling's schedule
 (grlib.train.prefetch: sync or prefetch); a rank of N (runtime of world > 1) starts from rank 0's
 weights, shards the item table when dist_cfg.items asks for it and runs dist_cfg.schedule
-(grlib.dist.schedules) over its balanced share of every global batch (grlib.dist.data_parallel).
+(grlib.distributed.schedules) over its balanced share of every global batch (grlib.distributed.data_parallel).
 """
 from __future__ import annotations
 
@@ -27,10 +27,10 @@ from grlib import perf
 from grlib.config import Config, DistConfig, NegativesConfig, TrainConfig
 from grlib.data.catalog import Dataset, load_dataset
 from grlib.data.sequences import SequenceData
-from grlib.dist import data_parallel
-from grlib.dist.schedules import Schedule
-from grlib.dist.sharded_embedding import shard_item_table
-from grlib.dist.topology import side_channel
+from grlib.distributed import data_parallel
+from grlib.distributed.schedules import Schedule
+from grlib.distributed.sharded_embedding import shard_item_table
+from grlib.distributed.topology import side_channel
 from grlib.evaluate import evaluate, last_token_scores, popularity_scores
 from grlib.model import build_model, parameter_count
 from grlib.model.hstu import COMPUTE_DTYPES
@@ -43,7 +43,7 @@ from grlib.train.prefetch import one_process
 def assemble(model: nn.Module, data: SequenceData, cfg: TrainConfig, negatives: NegativesConfig, *,
              seed: int | None = None, runtime=None, dist_cfg: DistConfig | None = None):
     """The built schedule of one run's training of `model` (negative path seeded with `seed`, default
-    cfg.seed): one process's, or with `runtime` of world N > 1 this rank's (grlib.dist.schedules)."""
+    cfg.seed): one process's, or with `runtime` of world N > 1 this rank's (grlib.distributed.schedules)."""
     seed = cfg.seed if seed is None else seed
     world = runtime.topology.world if runtime is not None else 1
     if world == 1:

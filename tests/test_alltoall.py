@@ -1,4 +1,4 @@
-"""grlib.dist.alltoall: flat and hierarchical all-to-all deliver the same rows bitwise; Route replies
+"""grlib.distributed.alltoall: flat and hierarchical all-to-all deliver the same rows bitwise; Route replies
 equal table[ids] and its gradients the single-process ones in every mode x dedup; the link counters
 match byte and message counts computed offline from all ranks' data. Multi-process checks run on gloo
 as 1 node x 2, 2 nodes x 1 and 2 nodes x 2 (one launch each, many seeded cases per launch); the
@@ -13,8 +13,8 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from grlib.dist import Topology, init_runtime, launch
-from grlib.dist.alltoall import DEDUP, MODES, LinkCounters, Route, _segment_order, _unique_pairs, all_to_all
+from grlib.distributed import Topology, init_runtime, launch
+from grlib.distributed.alltoall import DEDUP, MODES, LinkCounters, Route, _segment_order, _unique_pairs, all_to_all
 
 # the owners sum duplicate requests' float32 gradients in another order than one process's index_add:
 # within 1e-6 of the exact sum, relative to the summed magnitudes of a row's contributions (at least 1)

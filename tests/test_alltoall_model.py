@@ -1,5 +1,5 @@
 """grlib.sim.alltoall: the alpha-beta model's properties (hypothesis), its traffic equal to what
-grlib.dist.alltoall's counters count, and the gloo fit on this machine: alpha + beta * m fitted to
+grlib.distributed.alltoall's counters count, and the gloo fit on this machine: alpha + beta * m fitted to
 measured all_to_all_single times (2 ranks, and 4 as 2 nodes x 2) is a real fit whose residuals it
 prints (the +-25% check is the sparse stage's, reported with the machine's load: never a test's).
 Run with -s to see the fitted figures and the residuals."""
@@ -14,8 +14,8 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from grlib.dist import launch
-from grlib.dist.alltoall import MODES, LinkCounters, all_to_all
+from grlib.distributed import launch
+from grlib.distributed.alltoall import MODES, LinkCounters, all_to_all
 from grlib.sim.alltoall import (
     PRESETS,
     Cluster,

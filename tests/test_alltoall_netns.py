@@ -41,7 +41,7 @@ ROOT = Path(__file__).resolve().parents[1]
 WORKER = """
 import json, sys
 import grlib
-from grlib.dist import init_runtime
+from grlib.distributed import init_runtime
 from grlib.sim.alltoall import measure_gloo
 rt = init_runtime(backend="gloo", timeout_s=60)
 rows = measure_gloo(rt, [int(s) for s in sys.argv[2].split(",")], int(sys.argv[3]), warmup=1)

@@ -1,4 +1,4 @@
-"""grlib.dist.balance: every method places every sequence exactly once, keeps floor/ceil counts in
+"""grlib.distributed.balance: every method places every sequence exactly once, keeps floor/ceil counts in
 equal mode, is deterministic, matches JaggedBatch.split (contiguous) and hand-worked cases; LPT's
 guarantees hold (max <= mean + max cost always, <= (4/3 - 1/(3P)) OPT unconstrained); on realistic
 lognormal costs lpt and kk beat the random deal; bad input names the parameter."""
@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from grlib.data.synthetic import user_lengths
-from grlib.dist.balance import METHODS, Assignment, assign, imbalance, max_over_mean
+from grlib.distributed.balance import METHODS, Assignment, assign, imbalance, max_over_mean
 from grlib.jagged import JaggedBatch
 
 # costs incl. zeros and ties (values from a small set) and spread-out ones; B = 0, 1 and B < P included

@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from grlib.data.synthetic import user_lengths
-from grlib.dist.cost import QuadraticCost
+from grlib.distributed.cost import QuadraticCost
 from grlib.sim.balance import FIGURES, SimCell, grid, simulate
 
 COST = QuadraticCost(c0=0.0, a=7e-6, b=1e-8)  # about one HSTU layer at d_model 128 on one core

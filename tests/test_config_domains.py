@@ -182,7 +182,7 @@ def test_train_refuses_a_bad_run_option_before_starting_ranks(capsys):
 
 
 def test_the_choice_lists_name_what_the_library_implements():
-    from grlib.dist.balance import METHODS
+    from grlib.distributed.balance import METHODS
     from grlib.sim.alltoall import PRESETS
     from grlib.sim.scaleout import DEVICES
 

@@ -1,4 +1,4 @@
-"""grlib.dist.cost: fit_quadratic recovers exact quadratics, keeps coefficients non-negative at the
+"""grlib.distributed.cost: fit_quadratic recovers exact quadratics, keeps coefficients non-negative at the
 constrained optimum, rejects bad input; FlopsCost agrees with grlib.perf.sequence_flops per
 sequence; calibrate_layer times one HSTU layer on 12 lengths 16..4096 and a quadratic fits it
 (R^2 >= 0.98), leaving the thread count as it found it."""
@@ -11,7 +11,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from grlib.config import ModelConfig
-from grlib.dist.cost import FlopsCost, QuadraticCost, calibrate_layer, fit_quadratic
+from grlib.distributed.cost import FlopsCost, QuadraticCost, calibrate_layer, fit_quadratic
 from grlib.perf import sequence_flops
 
 LENGTHS = np.unique(np.round(np.geomspace(16, 4096, 12)).astype(np.int64))  # [12]

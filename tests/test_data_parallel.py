@@ -1,4 +1,4 @@
-"""grlib.dist.data_parallel: the ranks' plans partition the global batch (tokens, negatives, dropout
+"""grlib.distributed.data_parallel: the ranks' plans partition the global batch (tokens, negatives, dropout
 words), and 2 gloo processes train the model one process trains (losses within 1e-5 for 20 steps,
 balancing off and on; evaluation identical), resume exactly from per-rank checkpoints, and stop
 when the ranks read different data. `train --world 2` and torchrun run the same code."""
@@ -15,8 +15,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from grlib.config import DistConfig, NegativesConfig
-from grlib.dist.data_parallel import Planner, RankMismatch, check_same_batch
-from grlib.dist.launch import RankFailed, launch
+from grlib.distributed.data_parallel import Planner, RankMismatch, check_same_batch
+from grlib.distributed.launch import RankFailed, launch
 from grlib.jagged import JaggedBatch
 from grlib.model.dropout import fast_dropout, global_rows
 from grlib.negatives import build_negative_path
@@ -200,7 +200,7 @@ def test_cost_quadratic_is_calibrated_by_the_launcher_and_refused_under_torchrun
                               items="replicated", dedup="rank")
     dc = _dist_config(args, 2, 1, load_config("smoke", {"model.name": "hstu"}))
     assert dc.cost == "quadratic" and len(dc.quadratic) == 3 and all(c >= 0 for c in dc.quadratic)
-    from grlib.dist.cost import QuadraticCost
+    from grlib.distributed.cost import QuadraticCost
 
     short, long = QuadraticCost(*dc.quadratic)([16, 64])
     assert long > short  # a layer's pass over a longer sequence takes longer

@@ -1,4 +1,4 @@
-"""grlib.dist's runtime: topology from torchrun's variables, process groups and subgroups on gloo,
+"""grlib.distributed's runtime: topology from torchrun's variables, process groups and subgroups on gloo,
 launch() collecting results in rank order, and failing ranks (raised, killed, hung) ending the run
 with RankFailed in bounded time and no process left behind. The functions the ranks run are at
 module level: spawned children import this module to unpickle them."""
@@ -21,7 +21,7 @@ import torch.distributed as dist
 from hypothesis import given
 from hypothesis import strategies as st
 
-from grlib.dist import (
+from grlib.distributed import (
     RankFailed,
     Runtime,
     Topology,
@@ -255,7 +255,7 @@ def test_free_port_is_bindable():
 TORCHRUN_SCRIPT = """
 import grlib
 import torch, torch.distributed as dist
-from grlib.dist import init_runtime
+from grlib.distributed import init_runtime
 rt = init_runtime()
 x = torch.tensor([float(rt.topology.rank + 1)])
 dist.all_reduce(x)

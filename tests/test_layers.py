@@ -40,7 +40,7 @@ RULES = {
     "grlib.perf": "library",
     "grlib.hardware": "library",  # the peaks MFU divides by: measured GEMM peak, nominal peak (compiled probes)
     "grlib.evaluate": "library",
-    "grlib.dist": "library",  # torch.distributed runtime, balancers, data-parallel step
+    "grlib.distributed": "library",  # torch.distributed runtime, balancers, data-parallel step
     "grlib.fit": "library",  # one training run on 1 or N ranks: assembly, fit, evaluate (above train and dist)
     "grlib.sim": "library",  # cluster-scale models (balancing, communication)
     "grlib._C": "library",  # the compiled kernels (kernels/cpu), loaded by grlib.ops and grlib.train

@@ -12,7 +12,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from grlib.config import ModelConfig
-from grlib.dist.cost import FlopsCost, QuadraticCost
+from grlib.distributed.cost import FlopsCost, QuadraticCost
 from grlib.perf import sequence_flops
 from grlib.sim.alltoall import PRESETS, Cluster, Link, flat_time, two_stage_time
 from grlib.sim.pipeline import Machine, Setup, StepLoad, allreduce_s, meta_s, ring_s, simulate, tiny_s, trip_s

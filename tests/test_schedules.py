@@ -1,4 +1,4 @@
-"""grlib.dist.schedules: the lockstep worker, and on 2 gloo ranks with a row-sharded item table:
+"""grlib.distributed.schedules: the lockstep worker, and on 2 gloo ranks with a row-sharded item table:
 prefetch and semisync(0) train bit for bit what sync trains for 50 steps; semisync(2) looks rows up
 early (a nonzero stale fraction) and still trains."""
 from __future__ import annotations
@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 from grlib.config import ConfigError, DistConfig, load_config
-from grlib.dist.launch import launch
-from grlib.dist.schedules import LockstepWorker
+from grlib.distributed.launch import launch
+from grlib.distributed.schedules import LockstepWorker
 
 
 def test_the_worker_runs_at_most_ahead_items_beyond_those_taken():

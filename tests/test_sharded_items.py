@@ -1,4 +1,4 @@
-"""grlib.dist.sharded_embedding on gloo ranks (2, and 4 acting as 2 nodes x 2): the row-sharded item
+"""grlib.distributed.sharded_embedding on gloo ranks (2, and 4 acting as 2 nodes x 2): the row-sharded item
 table returns the rows of the unsharded table bit for bit in every exchange mode, its shards after 3
 lazy-Adam steps gather to the single-process table, full-ranking evaluation over shards gives the
 ranks of one process, and `train --world 2` with sharded items trains what one process trains."""
@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from grlib.config import DistConfig
-from grlib.dist.launch import launch
-from grlib.dist.sharded_embedding import ShardedRows, gather_table, row_blocks, table_rows
+from grlib.distributed.launch import launch
+from grlib.distributed.sharded_embedding import ShardedRows, gather_table, row_blocks, table_rows
 from grlib.evaluate import ranks_from_scores
 from grlib.train.optim import LazyAdam
 
@@ -77,7 +77,7 @@ def test_sharded_lookup_and_lazy_adam_match_one_table(world, nodes):
 
 def _shard_ranks(runtime, scores: torch.Tensor, targets: torch.Tensor, history):
     from grlib.evaluate import ShardScores, ranks_from_shards
-    from grlib.dist.sharded_embedding import sum_over
+    from grlib.distributed.sharded_embedding import sum_over
 
     start, stop = row_blocks(scores.shape[1], runtime.topology.world)[runtime.topology.rank]
     shard = ShardScores(scores[:, start:stop], start, scores.shape[1], sum_over(runtime.world_group))
@@ -138,7 +138,7 @@ def test_sharded_checkpoints_resume_on_the_same_and_on_other_world_sizes(single_
     """2 sharded ranks checkpoint at step 8 and resume to 20 (same world); their checkpoints resharded
     for one process resume there (2 -> 1); one process's checkpoint resharded for 2 ranks (1 -> 2).
     Every resumed run ends with the uninterrupted single-process losses and metrics."""
-    from grlib.dist.reshard import reshard
+    from grlib.distributed.reshard import reshard
     from grlib.fit import fit_rank
 
     dist_cfg = DistConfig(world=2, balance="kk", items="flat")

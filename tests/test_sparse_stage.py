@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 from grlib import results
 from grlib.config import ConfigError, load_ablation
-from grlib.dist.sharded_embedding import row_blocks
+from grlib.distributed.sharded_embedding import row_blocks
 from grlib.experiments import claims, sparse_measured, sparse_stage
 from grlib.experiments.claims import Figure
 from grlib.sim.alltoall import traffic

@@ -1,4 +1,4 @@
-"""grlib.dist.torchrec_peer: TorchRec's ROW_WISE sharded lookup on 2 gloo ranks returns table[ids]
+"""grlib.distributed.torchrec_peer: TorchRec's ROW_WISE sharded lookup on 2 gloo ranks returns table[ids]
 bitwise for random ragged ids (none, one, duplicates, all owned by the other rank); its row blocks,
 read from the plan and from each rank's shard, tile [0, V) in rank order; bad input is refused with
 the parameter named. The TorchRec tests skip with available()'s reason where torchrec is absent (CI
@@ -20,8 +20,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from grlib.dist import Runtime, Topology, init_runtime, launch
-from grlib.dist import torchrec_peer
+from grlib.distributed import Runtime, Topology, init_runtime, launch
+from grlib.distributed import torchrec_peer
 
 with warnings.catch_warnings():  # importing TorchRec 1.8 warns of its own deprecations
     warnings.simplefilter("ignore", DeprecationWarning)
@@ -139,7 +139,7 @@ def test_without_torchrec_available_says_why(monkeypatch: pytest.MonkeyPatch):
 def test_broken_torchrec_is_reported_and_the_module_still_imports(tmp_path: Path):
     (tmp_path / "torchrec").mkdir()
     (tmp_path / "torchrec" / "__init__.py").write_text("raise RuntimeError('broken build')\n")
-    script = "import grlib.dist.torchrec_peer as tp; print(tp.available())"
+    script = "import grlib.distributed.torchrec_peer as tp; print(tp.available())"
     env = {**os.environ, "PYTHONPATH": str(tmp_path), "OMP_NUM_THREADS": "1"}
     proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, env=env)
     assert proc.returncode == 0, proc.stderr[-2000:]
@@ -148,7 +148,7 @@ def test_broken_torchrec_is_reported_and_the_module_still_imports(tmp_path: Path
 
 def _grlib_and_torchrec(rt: Runtime) -> dict:
     """The same full table and ids through TorchRec's row-wise sharding and grlib's flat sharding."""
-    from grlib.dist.sharded_embedding import ShardedRows
+    from grlib.distributed.sharded_embedding import ShardedRows
 
     table = _table(1000, 16, seed=4)
     ids = torch.randint(0, 1000, (300 + 17 * rt.topology.rank,), generator=torch.Generator().manual_seed(rt.topology.rank))

@@ -66,8 +66,8 @@ def user_errors() -> tuple[type[BaseException], ...]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from grlib.dist.launch import RankFailed
-    from grlib.dist.topology import TopologyError
+    from grlib.distributed.launch import RankFailed
+    from grlib.distributed.topology import TopologyError
 
     args = build_parser().parse_args(argv)
     try:

@@ -6,7 +6,7 @@
     python -m grlib train --scale smoke --world 2 --balance kk     # 2 data-parallel ranks (gloo on CPU)
     torchrun --nnodes N --nproc-per-node L -m grlib train --scale S --balance kk   # N nodes x L devices
 
-Data parallel (grlib.dist.data_parallel): --world N starts N processes here (one intra-op thread
+Data parallel (grlib.distributed.data_parallel): --world N starts N processes here (one intra-op thread
 each on CPU); under torchrun the world comes from its environment (nccl on CUDA, hccl on Ascend,
 gloo on CPU). Every rank trains its share of the same global batches, so the losses are those of
 one process (within float summation order); only rank 0 prints and writes the row, which records
@@ -126,8 +126,8 @@ def _run_ranks(args: argparse.Namespace, cfg, env_world: int) -> dict | None:
     """Rank 0's result of a data-parallel run: under torchrun (env_world > 1) this process is one
     rank (None unless rank 0); else --world processes are started here."""
     from grlib.data.catalog import load_dataset
-    from grlib.dist.launch import launch
-    from grlib.dist.topology import Topology, init_runtime
+    from grlib.distributed.launch import launch
+    from grlib.distributed.topology import Topology, init_runtime
     from grlib.fit import fit_rank
 
     if args.model == "popularity":
@@ -176,12 +176,12 @@ def _dist_config(args: argparse.Namespace, world: int, nodes: int, cfg=None) -> 
 
 
 def _calibrate_quadratic(cfg) -> tuple[float, float, float]:
-    """(c0, a, b) of one HSTU layer's seconds per sequence, fitted on lengths 16 .. data.max_len (grlib.dist.cost)."""
+    """(c0, a, b) of one HSTU layer's seconds per sequence, fitted on lengths 16 .. data.max_len (grlib.distributed.cost)."""
     import sys
 
     import numpy as np
 
-    from grlib.dist.cost import calibrate_layer, fit_quadratic
+    from grlib.distributed.cost import calibrate_layer, fit_quadratic
 
     if cfg.model.name != "hstu":
         raise ConfigError(f"--cost quadratic: calibrated on an HSTU layer; --model {cfg.model.name} needs "

@@ -126,8 +126,8 @@ class KernelsConfig:
 
 @dataclass(frozen=True)
 class DistConfig:
-    """How one training run spreads over processes (grlib.dist). Not a section of a scale: the
-    same model trains on 1 or N ranks (grlib.dist.data_parallel), so these are run options."""
+    """How one training run spreads over processes (grlib.distributed). Not a section of a scale: the
+    same model trains on 1 or N ranks (grlib.distributed.data_parallel), so these are run options."""
 
     world: int = param(1, at_least(1))  # ranks in all
     nodes: int = param(1, at_least(1))  # world = nodes x ranks per node
@@ -135,7 +135,7 @@ class DistConfig:
     balance: str = param("none", choice(choices.BALANCERS))  # how the global batch's sequences go to ranks
     equal_counts: bool = param(True, FLAG)  # every rank gets B // P or B // P + 1 sequences
     cost: str = param("flops", choice(choices.BALANCE_COSTS))  # the per-sequence cost the balancer evens out
-    # cost "quadratic": (c0, a, b) of c0 + a*s + b*s^2 (grlib.dist.cost)
+    # cost "quadratic": (c0, a, b) of c0 + a*s + b*s^2 (grlib.distributed.cost)
     quadratic: tuple[float, ...] = param((), each(real(), 0))
     # sync | prefetch (step i+1 planned during step i) | semisync
     schedule: str = param("prefetch", choice(choices.SCHEDULES))

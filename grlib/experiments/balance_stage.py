@@ -31,8 +31,8 @@ import torch
 from grlib import plots, results
 from grlib.config import BalanceAblation, Config, DistConfig, choices
 from grlib.data.synthetic import user_lengths
-from grlib.dist.balance import assign, imbalance, max_over_mean
-from grlib.dist.cost import QuadraticCost, calibrate_layer, fit_quadratic, time_pass
+from grlib.distributed.balance import assign, imbalance, max_over_mean
+from grlib.distributed.cost import QuadraticCost, calibrate_layer, fit_quadratic, time_pass
 from grlib.experiments import claims as registry
 from grlib.experiments.measure import kuairand_lengths
 from grlib.model.hstu import HSTULayer
@@ -139,7 +139,7 @@ def pair_rank(runtime, cfg: Config, dist_cfg: DistConfig, steps: int, batch_size
 def two_process(cfg: Config, ab: BalanceAblation, cost: QuadraticCost) -> list[dict]:
     """Measured: 2 gloo ranks, balance none then pair_method (the fitted costs), same batches."""
     from grlib.data.catalog import load_dataset
-    from grlib.dist.launch import launch
+    from grlib.distributed.launch import launch
 
     load_dataset(cfg, "scale")  # prepared once, before the ranks read it
     rows = []

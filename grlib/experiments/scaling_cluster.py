@@ -22,8 +22,8 @@ import torch
 
 from grlib import perf
 from grlib.config import ModelConfig, load_config
-from grlib.dist.balance import assign
-from grlib.dist.cost import FlopsCost, layer_batch
+from grlib.distributed.balance import assign
+from grlib.distributed.cost import FlopsCost, layer_batch
 from grlib.experiments.measure import kuairand_lengths
 from grlib.model.hstu import HSTULayer
 from grlib.sim.alltoall import PRESETS

@@ -8,7 +8,7 @@ the scale's model, their per-step spans, and the exact work of each step they tr
                     no communication: the compute the model is fitted to), each schedule; every run
                     restarts the data order (the same batches in every round) and drops `warm` steps
     plan_steps      the global batches those runs trained, planned again as every rank planned them
-                    (grlib.dist.data_parallel.Planner: the same assignment and negatives): per step
+                    (grlib.distributed.data_parallel.Planner: the same assignment and negatives): per step
                     and rank, the lengths, the rows asked of the other ranks (input and loss lookups,
                     de-duplicated per rank), and the planning seconds
 
@@ -171,8 +171,8 @@ def plan_steps(cfg: Config, data, spec: PairSpec, world: int, n_steps: int) -> l
     """The first n_steps global batches of a run, planned as each rank planned them: per step,
     lengths [P] arrays, tokens [P], rows_input / rows_loss [P] (distinct ids owned by another rank,
     per peer) and plan_s (host seconds of one rank's planning, the slowest)."""
-    from grlib.dist.data_parallel import Planner, cost_function
-    from grlib.dist.sharded_embedding import row_blocks
+    from grlib.distributed.data_parallel import Planner, cost_function
+    from grlib.distributed.sharded_embedding import row_blocks
     from grlib.negatives import build_negative_path
     from grlib.negatives.path import ATTACHMENT, LocalIds
 
@@ -210,7 +210,7 @@ def solo_lengths(cfg: Config, data, spec: PairSpec, world: int, n_steps: int) ->
 
 def dense_parameters(cfg: Config, n_items: int, max_len: int) -> int:
     """Values of the flat buffer GradientSync all-reduces with a sharded item table: every parameter
-    but the item rows, plus one flag per parameter (grlib.dist.data_parallel.GradientSync)."""
+    but the item rows, plus one flag per parameter (grlib.distributed.data_parallel.GradientSync)."""
     from grlib.model import build_model
 
     model = build_model(cfg.model, n_items, max_len)

@@ -37,8 +37,8 @@ import polars as pl
 
 from grlib import plots, results
 from grlib.config import Config, ScalingAblation
-from grlib.dist.cost import QuadraticCost, calibrate_layer, fit_quadratic
-from grlib.dist.launch import launch
+from grlib.distributed.cost import QuadraticCost, calibrate_layer, fit_quadratic
+from grlib.distributed.launch import launch
 from grlib.experiments import scaling_charts as charts
 from grlib.experiments import scaling_cluster as cluster
 from grlib.experiments import scaling_frames as frames

@@ -25,7 +25,7 @@ import numpy as np
 import polars as pl
 
 from grlib.config import Config, ScalingAblation
-from grlib.dist.cost import QuadraticCost
+from grlib.distributed.cost import QuadraticCost
 from grlib.experiments import scaling_frames as frames
 from grlib.experiments import scaling_measured as measured
 from grlib.sim.alltoall import Cluster, fit_link

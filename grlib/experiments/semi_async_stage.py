@@ -1,7 +1,7 @@
 """Stage `semi_async` (notebooks/06_semi_async): claim C4, semi-asynchronous training keeps convergence.
 
 Two gloo ranks train the scale's HSTU with a row-sharded item table under semisync(k)
-(grlib.dist.schedules): the input item rows of batch i+k are looked up before the updates of batches
+(grlib.distributed.schedules): the input item rows of batch i+k are looked up before the updates of batches
 i..i+k-1 land; dense weights and the loss's rows stay synchronous; k = 0 is sync (bit for bit).
 The grid: staleness k x seeds x datasets, each run trained for the dataset's step budget, selected
 on validation NDCG@10 per epoch and evaluated on test by full ranking. Per step: the global batch's
@@ -84,7 +84,7 @@ def _mean(values: list) -> float:
 
 def measure(cfg: Config, ab: SemiAsyncAblation) -> list[dict]:
     from grlib.data.catalog import load_dataset
-    from grlib.dist.launch import launch
+    from grlib.distributed.launch import launch
 
     for name in ab.datasets:  # prepared here once, before the ranks read them
         load_dataset(cfg, name)

@@ -23,10 +23,10 @@ import numpy as np
 import torch
 
 from grlib.data.sequences import SequenceData
-from grlib.dist import torchrec_peer
-from grlib.dist.alltoall import LinkCounters
-from grlib.dist.sharded_embedding import ShardedRows, row_blocks
-from grlib.dist.topology import Runtime
+from grlib.distributed import torchrec_peer
+from grlib.distributed.alltoall import LinkCounters
+from grlib.distributed.sharded_embedding import ShardedRows, row_blocks
+from grlib.distributed.topology import Runtime
 from grlib.sim.alltoall import Cluster, fit_link, flat_time, measure_gloo
 
 FP32 = 4  # bytes per table element

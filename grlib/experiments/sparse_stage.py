@@ -1,8 +1,8 @@
 """Stage `sparse` (notebooks/05_sparse_parallelism, `bench a2a`): claim C3, hierarchical sparse
 parallelism (paper: all-to-all latency -75.9%).
 
-The item table is sharded row-wise over ranks (grlib.dist.sharded_embedding.ShardedRows) and every
-lookup is an all-to-all, flat or two-stage (grlib.dist.alltoall). Five parts, each a `part` of table
+The item table is sharded row-wise over ranks (grlib.distributed.sharded_embedding.ShardedRows) and every
+lookup is an all-to-all, flat or two-stage (grlib.distributed.alltoall). Five parts, each a `part` of table
 `sparse`, with `obtained` measured | modelled | computed:
 
     gloo      measured: all_to_all_single on 2 gloo processes (and 4 as 2 nodes x 2) at 64 KiB .. 4 MiB
@@ -43,8 +43,8 @@ from grlib.data import registry as datasets
 from grlib.data.catalog import load_dataset
 from grlib.data.sequences import SequenceData
 from grlib.data.synthetic import ZIPF_EXPONENT
-from grlib.dist.launch import launch
-from grlib.dist.topology import Runtime, Topology
+from grlib.distributed.launch import launch
+from grlib.distributed.topology import Runtime, Topology
 from grlib.experiments import claims as registry
 from grlib.experiments import sparse_measured as measured
 from grlib.experiments.measure import kuairand_lengths

@@ -7,7 +7,7 @@ r < k = round(p * 65536): the drop probability is k / 65536 (within 2**-17 of p)
 elements are scaled by 1 / (1 - k / 65536), so E[dropout(x)] = x exactly. Deterministic under
 torch.manual_seed and restored with torch's RNG state (grlib.train.checkpoint), like nn.Dropout.
 
-Data-parallel runs (grlib.dist.data_parallel) draw the words of the whole global batch on every
+Data-parallel runs (grlib.distributed.data_parallel) draw the words of the whole global batch on every
 rank and keep the rows of the rank's own tokens (`global_rows`), so a token's mask does not depend
 on which rank trains it and N ranks train the model one process trains (same masks, same
 generator state afterwards). Outside that context nothing changes.

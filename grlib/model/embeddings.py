@@ -14,7 +14,7 @@ table plugs in:
                         these rows are normalised (the loss looks each row up once per step,
                         grlib.negatives.path)
     score_all(user)     [B, d] -> [B, V] dot products with every normalised row (full ranking); a
-                        row-sharded table (grlib.dist.sharded_embedding) replaces `items` and
+                        row-sharded table (grlib.distributed.sharded_embedding) replaces `items` and
                         returns its own columns (grlib.evaluate.ShardScores)
     sparse_parameters() the row-wise tables (lazy Adam, grlib.train.optim)
 """
@@ -32,7 +32,7 @@ from grlib.schema import N_ACTION_CODES, PAD_ID
 from grlib.jagged import JaggedBatch
 from grlib.ops.attention import time_buckets
 
-ITEM_ROWS = "item_rows"  # batch.attachments key: the batch's item rows [T, d] looked up ahead (grlib.dist.schedules)
+ITEM_ROWS = "item_rows"  # batch.attachments key: the batch's item rows [T, d] looked up ahead (grlib.distributed.schedules)
 N_GAP_BUCKETS = 32  # log2 buckets of the gap in seconds: 2**31 s is beyond any log
 
 
@@ -86,7 +86,7 @@ class Embeddings(nn.Module):
         return F.normalize(self.items(ids), dim=-1)
 
     def score_all(self, user: Tensor) -> Tensor:  # [B, d] -> [B, V] (a sharded table: its own columns)
-        if not isinstance(self.items, nn.Embedding):  # a row-sharded table (grlib.dist.sharded_embedding)
+        if not isinstance(self.items, nn.Embedding):  # a row-sharded table (grlib.distributed.sharded_embedding)
             return self.items.score(user)
         return user @ F.normalize(self.items.weight, dim=-1).T
 

@@ -7,7 +7,7 @@ device) have their own Link. Per rank:
     flat       = (L-1)(a_i + m b_i) + (P-L)(a_e + m b_e)
     two-stage  = (L-1)(a_i + N m b_i) + (N-1)(a_e + L m f b_e)     stage 1 intra, then stage 2 inter
 
-f <= 1 is the inter-node bytes factor of per-node de-duplication (grlib.dist.alltoall dedup="node").
+f <= 1 is the inter-node bytes factor of per-node de-duplication (grlib.distributed.alltoall dedup="node").
 Both stages of the two-stage form add: stage 2 needs stage 1's rows. For flat this module takes the
 serial form (a rank's messages are issued one after another, intra and inter alike) rather than
 max(intra, inter) with the NIC and the intra links busy in parallel, because (1) a rank's sends are
@@ -21,7 +21,7 @@ inter term E is larger, lowering the cut by (1 - cut) * I / E; table() reports I
     rows = table(PRESETS["gpu-8"], [16, 64, 512, 1536], bytes_per_peer=2**20, dedup=0.4)
     cut_regime(PRESETS["npu-16"], 1536, 0.759)   # bytes per peer where two-stage cuts >= 75.9%
 
-traffic() gives the messages and bytes one rank sends per link class - what grlib.dist.alltoall's
+traffic() gives the messages and bytes one rank sends per link class - what grlib.distributed.alltoall's
 LinkCounters count for uniform splits - and every time is messages * alpha + bytes * beta summed
 over the classes. fit_link fits alpha and beta to measured (bytes, seconds); measure_gloo times
 all_to_all_single on the ranks of a Runtime (a collective: every rank calls it).
@@ -37,7 +37,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from grlib.dist.topology import Runtime
+from grlib.distributed.topology import Runtime
 
 
 @dataclass(frozen=True)
@@ -102,7 +102,7 @@ def _check(bytes_per_peer: float, dedup: float) -> None:
 def traffic(devices_per_node: int, ranks: int, bytes_per_peer: float, mode: str,
             dedup: float = 1.0) -> dict[str, float]:
     """What one rank sends in one all-to-all with bytes_per_peer to every rank, per link class (self
-    left out) - the figures grlib.dist.alltoall's LinkCounters count for uniform splits.
+    left out) - the figures grlib.distributed.alltoall's LinkCounters count for uniform splits.
 
     flat: L-1 intra messages of m, P-L inter messages of m. hierarchical: stage 1, L-1 intra messages
     of N m (the rows for the N ranks with that node-mate's local index); stage 2, N-1 inter messages

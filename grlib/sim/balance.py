@@ -1,8 +1,8 @@
 """Load imbalance across data-parallel ranks at cluster scale, simulated from a cost model.
 
 One cell is P ranks x U users per rank, sequences truncated at max_len. Each step draws P*U users'
-lengths from a pool (with replacement, seeded), models their costs (grlib.dist.cost), and for each
-balancing method (grlib.dist.balance) assigns them to ranks on the model costs and measures:
+lengths from a pool (with replacement, seeded), models their costs (grlib.distributed.cost), and for each
+balancing method (grlib.distributed.balance) assigns them to ranks on the model costs and measures:
 
     model   imbalance and max_over_mean of the per-rank loads of the model costs
     noisy   the same of the true costs, model * (1 + r), r resampled per sequence from `noise`
@@ -23,7 +23,7 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from grlib.dist.balance import METHODS, assign, imbalance, max_over_mean
+from grlib.distributed.balance import METHODS, assign, imbalance, max_over_mean
 
 FIGURES = ("imbalance_model", "max_over_mean_model", "imbalance_noisy", "max_over_mean_noisy")
 

@@ -1,4 +1,4 @@
-"""Discrete-event model of data-parallel training steps under grlib.dist.schedules' schedules.
+"""Discrete-event model of data-parallel training steps under grlib.distributed.schedules' schedules.
 
 Each rank runs its steps on lanes; an op on a lane starts when the lane is free and what it needs
 is done, and a collective starts on every rank at once, when the last rank is ready (the others
@@ -7,7 +7,7 @@ wait: that is where imbalance shows):
     main     compute (forward, loss, backward, optimizer) and every collective the step blocks on
     worker   the schedule's host thread (prefetch, semisync): planning step j and building its
              routes (split sizes + the ids' trip of the input and the loss lookup), allowed once
-             the main lane has taken batch j - (k + 1) (grlib.dist.schedules.LockstepWorker); the
+             the main lane has taken batch j - (k + 1) (grlib.distributed.schedules.LockstepWorker); the
              main lane takes batch i + k at the start of step i
     stream   a device's communication stream (Machine.streams): semisync's input rows' trip of
              batch i+k issued at the start of step i, and the bucketed gradient all-reduce

@@ -5,7 +5,7 @@ measured steps, and the loads of global batches at cluster scale.
     compute(lengths)   # seconds = c0 + kappa * n_layers * sum_s layer(s) + per_token * T  (c0, kappa, per_token >= 0)
 
 At cluster scale each step draws P x U users' lengths from a pool (real length distributions), cut at max_len; a
-balancer (grlib.dist.balance) assigns them to ranks on their training FLOPs (grlib.dist.cost.FlopsCost);
+balancer (grlib.distributed.balance) assigns them to ranks on their training FLOPs (grlib.distributed.cost.FlopsCost);
 each rank's compute is its FLOPs at a device's dense peak times a measured efficiency:
 
     fused     sequence_flops (grlib.perf: the causal triangle of real lengths)  / (peak * efficiency)
@@ -32,8 +32,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from grlib.config import ModelConfig
-from grlib.dist.balance import assign
-from grlib.dist.cost import FlopsCost
+from grlib.distributed.balance import assign
+from grlib.distributed.cost import FlopsCost
 from grlib.perf import loss_flops, sequence_flops
 from grlib.sim.pipeline import StepLoad
 
@@ -45,7 +45,7 @@ class StepCompute:
     kappa: float
     per_token: float
     n_layers: int
-    layer: Callable[[np.ndarray], np.ndarray]  # [B] lengths -> [B] seconds of one layer (grlib.dist.cost)
+    layer: Callable[[np.ndarray], np.ndarray]  # [B] lengths -> [B] seconds of one layer (grlib.distributed.cost)
     r2: float = math.nan
     residuals: tuple[float, ...] = ()  # measured / fitted - 1 per step
 

@@ -56,7 +56,7 @@ class Optimizers:
         self.params = [p for p in model.parameters() if p.requires_grad]
         self.clip = cfg.grad_clip
         self.sharded: frozenset[int] = frozenset()  # ids of parameters each rank holds a part of (row shards)
-        self.reduce = None  # sums a tensor over ranks (set with `sharded` by grlib.dist.data_parallel)
+        self.reduce = None  # sums a tensor over ranks (set with `sharded` by grlib.distributed.data_parallel)
         self.opts: list[torch.optim.Optimizer] = [
             torch.optim.AdamW(dense, lr=cfg.lr, betas=BETAS, weight_decay=cfg.weight_decay, fused=True)]
         if sparse:

@@ -141,7 +141,7 @@ class PrefetchWorker(Generic[B, S]):
 class SyncSchedule:
     """One step per batch, nothing ahead: the step's loss draws the batch's negatives."""
 
-    world, rank = 1, 0  # one process (grlib.dist.schedules.Schedule: a rank of N)
+    world, rank = 1, 0  # one process (grlib.distributed.schedules.Schedule: a rank of N)
 
     def __init__(self, step: TrainStep):
         self.step = step

@@ -6,7 +6,7 @@
 
 The trainer (grlib.train.loop), `bench train` and the negatives ablation run this one step (built by
 grlib.fit.assemble), so a benchmark times exactly what trains; a data-parallel rank's step
-(grlib.dist.data_parallel.DataParallelStep) is this one with its hooks. What runs for later batches
+(grlib.distributed.data_parallel.DataParallelStep) is this one with its hooks. What runs for later batches
 while a step computes (negatives prepared ahead) is a schedule's business (grlib.train.prefetch).
 """
 from __future__ import annotations
@@ -43,7 +43,7 @@ class TrainStep:
     """model (an encoder whose `embed` is the item table), its negative path and its optimizers.
 
     The phases run here and only here (the one `.backward()` of a training step); a rank of N
-    (grlib.dist.data_parallel.DataParallelStep) overrides the hooks around them: `begin` (the item
+    (grlib.distributed.data_parallel.DataParallelStep) overrides the hooks around them: `begin` (the item
     pulled -> the batch to train, a forward context, the loss's weight), `reduce` (the gradients
     summed over ranks) and `figures` (the step's extra figures)."""
 

@@ -1,4 +1,4 @@
-"""The cost of one sequence for the balancer (grlib.dist.balance): modelled from its length.
+"""The cost of one sequence for the balancer (grlib.distributed.balance): modelled from its length.
 
     QuadraticCost     seconds(s) = c0 + a*s + b*s^2, fitted to measured times (fit_quadratic)
     FlopsCost         grlib.perf.sequence_flops of one sequence of length s (FLOPs, not seconds)

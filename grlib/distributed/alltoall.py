@@ -6,7 +6,7 @@
     emb = route.reply(rows)               # [N, F] aligned with ids; backward sends gradients to the owners
 
 flat: one all_to_all_single over the world group. hierarchical (two stages, ranks laid out as
-grlib.dist.topology numbers them, rank = node * L + local): stage 1 over the node's intra_group
+grlib.distributed.topology numbers them, rank = node * L + local): stage 1 over the node's intra_group
 moves every row to the node-mate whose local index is the destination's; stage 2 over cross_group
 (one rank per node, same local index) forwards it to the destination's node. Both deliver the same
 rows in the same order (by source rank, then send order), bitwise: the receivers reorder with an
@@ -40,7 +40,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from grlib.dist.topology import Runtime
+from grlib.distributed.topology import Runtime
 
 MODES = ("flat", "hierarchical")
 DEDUP = ("none", "rank", "node")
@@ -337,7 +337,7 @@ class Route:
 
     def rebind(self, source: Runtime, target: Runtime) -> Route:
         """This route with its exchanges moved from `source`'s groups to `target`'s (same members):
-        a route built ahead on a side channel (grlib.dist.topology.side_channel) replies on the main groups."""
+        a route built ahead on a side channel (grlib.distributed.topology.side_channel) replies on the main groups."""
         swap = {id(source.world_group): target.world_group, id(source.intra_group): target.intra_group,
                 id(source.cross_group): target.cross_group}
         steps = [dataclasses.replace(s, group=swap[id(s.group)]) if isinstance(s, _Hop) else s for s in self._steps]

@@ -1,4 +1,4 @@
-"""Schedules of data-parallel steps (grlib.dist.data_parallel): what runs ahead of step i.
+"""Schedules of data-parallel steps (grlib.distributed.data_parallel): what runs ahead of step i.
 
     sync         step i plans its global batch (assignment, negatives, local share) inline, then
                  looks its rows up and trains: everything on the critical path
@@ -34,8 +34,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from grlib.dist.data_parallel import DataParallelStep, Planner, RankPlan
-from grlib.dist.sharded_embedding import ShardedRows
+from grlib.distributed.data_parallel import DataParallelStep, Planner, RankPlan
+from grlib.distributed.sharded_embedding import ShardedRows
 from grlib.jagged import JaggedBatch
 from grlib.model.embeddings import ITEM_ROWS
 from grlib.negatives.path import ATTACHMENT, LocalIds
@@ -121,7 +121,7 @@ class Schedule:
         self.world, self.rank = planner.world, planner.rank
         self.model: nn.Module = step.model
         self.tables = [m for m in self.model.modules() if isinstance(m, ShardedRows)]
-        self.side = side  # a side channel (grlib.dist.topology.side_channel) for routes built ahead
+        self.side = side  # a side channel (grlib.distributed.topology.side_channel) for routes built ahead
         self.step_index = 0
         self._touched: collections.deque = collections.deque(maxlen=max(1, staleness))  # [V] bool per update
 

@@ -3,7 +3,7 @@
 A data-parallel run writes one checkpoint per rank (grlib.train.loop: last.rank<r>-of-<N>.pt; one
 process: last.pt). Everything but the item table is the same on every rank (dense weights, their
 optimizer state, the schedule, the sampler and RNG states, the position in the data). With sharded
-items (grlib.dist.sharded_embedding) rank r holds rows [start_r, stop_r) of the table and of its
+items (grlib.distributed.sharded_embedding) rank r holds rows [start_r, stop_r) of the table and of its
 lazy-Adam state (moments and per-row step counts), and so does the best model kept for selection.
 
     reshard(src, dst, world=1)   # a sharded 2-rank run's checkpoints -> one process's last.pt
@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from grlib.dist.sharded_embedding import ITEMS_KEY, row_blocks
+from grlib.distributed.sharded_embedding import ITEMS_KEY, row_blocks
 from grlib.train import checkpoint
 
 _RANK_FILE = re.compile(r"last\.rank(\d+)-of-(\d+)\.pt$")

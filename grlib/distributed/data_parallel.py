@@ -1,7 +1,7 @@
 """Data-parallel training: N ranks train the model one process trains on the same global batches.
 
 The global batch is the unit. Every rank reads the same global batch (the same data order, the
-same seed), a balancer (grlib.dist.balance) assigns its sequences to ranks from their costs, and
+same seed), a balancer (grlib.distributed.balance) assigns its sequences to ranks from their costs, and
 each rank trains the sub-batch it owns:
 
     global batch  [ s0 s1 s2 s3 s4 s5 ]          every rank, same order
@@ -20,7 +20,7 @@ rows (grlib.model.dropout.global_rows). Balancing only moves sequences between r
 the global batch, so balanced runs equal it too, within float summation order.
 
 Planning (assignment, negatives, the local sub-batch) is pure host work: under the prefetch and
-semisync schedules (grlib.dist.schedules, built by grlib.fit.assemble) a worker thread plans step i+1 while step i computes. Every step the
+semisync schedules (grlib.distributed.schedules, built by grlib.fit.assemble) a worker thread plans step i+1 while step i computes. Every step the
 ranks all-gather a fingerprint of the global batch (sequences, tokens, a length checksum), so ranks
 that read different data (another seed, another dataset) stop with an error instead of training
 silently apart. Here the data is read whole by every rank (cheap next to a step); a loader that
@@ -38,9 +38,9 @@ import torch.distributed as dist
 from torch import Tensor, nn
 
 from grlib.config import DistConfig, ModelConfig
-from grlib.dist.balance import assign, imbalance
-from grlib.dist.cost import FlopsCost, QuadraticCost
-from grlib.dist.sharded_embedding import ShardedRows, sum_over
+from grlib.distributed.balance import assign, imbalance
+from grlib.distributed.cost import FlopsCost, QuadraticCost
+from grlib.distributed.sharded_embedding import ShardedRows, sum_over
 from grlib.jagged import JaggedBatch
 from grlib.model.dropout import global_rows
 from grlib.negatives.path import ATTACHMENT, NegativePath, NegativeSample, PreparedSample
@@ -56,7 +56,7 @@ class RankMismatch(RuntimeError):
 
 def cost_function(cfg: DistConfig, model: ModelConfig) -> Callable[[np.ndarray], np.ndarray]:
     """Per-sequence cost of lengths [B]: 'flops' (grlib.perf's training FLOPs), 'tokens', or the
-    calibrated 'quadratic' c0 + a*s + b*s^2 (grlib.dist.cost)."""
+    calibrated 'quadratic' c0 + a*s + b*s^2 (grlib.distributed.cost)."""
     if cfg.cost == "tokens":
         return lambda lengths: np.asarray(lengths, dtype=np.float64)
     if cfg.cost == "flops":

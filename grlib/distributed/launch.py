@@ -34,7 +34,7 @@ from collections.abc import Callable
 from multiprocessing.connection import Connection, wait
 from typing import Any, TypeVar
 
-from grlib.dist.topology import BACKENDS, check_world, init_runtime
+from grlib.distributed.topology import BACKENDS, check_world, init_runtime
 
 T = TypeVar("T")
 

@@ -1,5 +1,5 @@
 """grlib's multi-process runtime on torch.distributed: the same code on CPU (gloo), CUDA (nccl) and
-Ascend (hccl, torch_npu), started by torchrun or by grlib.dist.launch.
+Ascend (hccl, torch_npu), started by torchrun or by grlib.distributed.launch.
 
     topology  Topology (rank, world, nodes x local_world from torchrun's variables), check_world,
               init_runtime -> Runtime (the process group, its per-node and cross-node subgroups)
@@ -11,8 +11,8 @@ Ascend (hccl, torch_npu), started by torchrun or by grlib.dist.launch.
     sharded_embedding  the item table sharded row-wise behind the ItemTable seam
     torchrec_peer  TorchRec's row-wise EmbeddingCollection as a peer (optional extra)
 """
-from grlib.dist.launch import RankFailed, free_port, launch
-from grlib.dist.topology import (
+from grlib.distributed.launch import RankFailed, free_port, launch
+from grlib.distributed.topology import (
     BACKENDS,
     Runtime,
     Topology,

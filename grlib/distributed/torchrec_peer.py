@@ -38,7 +38,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from grlib.dist.topology import Runtime
+from grlib.distributed.topology import Runtime
 
 TABLE = "item_table"  # not "items": EmbeddingCollection keeps its tables in an nn.ModuleDict
 FEATURE = "item_id"
@@ -184,7 +184,7 @@ def rowwise_lookup(runtime: Runtime, table: Tensor, ids: Tensor, *, lr: float = 
         raise ValueError(f"lr={lr!r}: expected a learning rate >= 0")
     if runtime.world_group is None:
         raise ValueError(f"runtime: world={topo.world} has no process group; run rowwise_lookup on >= 2 ranks "
-                         "(grlib.dist.launch(fn, world=2) or torchrun)")
+                         "(grlib.distributed.launch(fn, world=2) or torchrun)")
     _check_same_table(runtime, V, d)
 
     ec = _collection(V, d, lr)

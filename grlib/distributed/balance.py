@@ -1,6 +1,6 @@
 """Dynamic load balancing of a jagged batch across P data-parallel ranks (pure numpy, deterministic).
 
-Each of the B sequences of a global batch has a cost (grlib.dist.cost: modelled seconds or FLOPs);
+Each of the B sequences of a global batch has a cost (grlib.distributed.cost: modelled seconds or FLOPs);
 `assign` gives every sequence an owner rank so that the per-rank loads are even. Methods:
 
     contiguous  ranks take consecutive sequences, the first B % P one more (JaggedBatch.split(P))

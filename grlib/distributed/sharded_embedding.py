@@ -1,7 +1,7 @@
 """The item table sharded row-wise over ranks, behind the ItemTable seam (grlib.model.embeddings).
 
 Rank r holds rows [start_r, stop_r) of the V x d table: contiguous blocks of ceil(V / P) rows in
-rank order, the layout TorchRec's row-wise sharding gives. A lookup is an exchange (grlib.dist.alltoall.Route):
+rank order, the layout TorchRec's row-wise sharding gives. A lookup is an exchange (grlib.distributed.alltoall.Route):
 
     ids [N] --owner = block of each id--> owners   (ids' trip; de-duplicated per rank or node)
     owner: rows = shard[ids - start]               (the local lookup)
@@ -29,7 +29,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from grlib.schema import PAD_ID
-from grlib.dist.alltoall import LinkCounters, Route
+from grlib.distributed.alltoall import LinkCounters, Route
 from grlib.evaluate import ShardScores
 
 ITEMS_KEY = "embed.items.weight"  # the item table's entry in a model's state_dict

@@ -276,7 +276,7 @@ def init_runtime(topology: Topology | None = None, *, backend: str = "auto", tim
     missing = [name for name in ("MASTER_ADDR", "MASTER_PORT") if not os.environ.get(name)]
     if missing:
         raise TopologyError(f"{' and '.join(missing)} not set: with world={topo.world} every rank must know "
-                            f"where rank 0 listens (torchrun and grlib.dist.launch set them)")
+                            f"where rank 0 listens (torchrun and grlib.distributed.launch set them)")
     timeout = datetime.timedelta(seconds=timeout_s)
     dist.init_process_group(backend=backend, init_method="env://", world_size=topo.world, rank=topo.rank,
                             timeout=timeout, device_id=device if backend == "nccl" else None)
