@@ -140,3 +140,20 @@ def test_output_folder_grlib_did_not_make_is_refused(isolated_outputs, capsys):
     assert main(["data", "prepare", "--dataset", "synthetic", "--n-users", "20", "--out", str(foreign)]) == 2
     assert str(foreign) in _one_error_line(capsys)
     assert [p.name for p in foreign.iterdir()] == ["notes.txt"]
+
+
+@pytest.mark.parametrize("flag,value,message", [
+    ("--world", "0", "argument --world: must be >= 1, got 0"),
+    ("--nodes", "0", "argument --nodes: must be >= 1, got 0"),
+    ("--checkpoint-every", "-1", "argument --checkpoint-every: must be >= 0, got -1"),
+    ("--staleness", "-2", "argument --staleness: must be >= 0, got -2"),
+    ("--world", "two", "argument --world: expected an integer, got 'two'"),
+])
+def test_train_flags_out_of_range_are_one_line(isolated_outputs, capsys, flag, value, message):
+    """Integer flags of `train` that are not config fields: refused by argparse (exit 2, one error line)
+    instead of running one process (--world 0) or checkpointing every step (--checkpoint-every -1)."""
+    with pytest.raises(SystemExit) as stop:
+        main(["train", "--scale", "smoke", flag, value])
+    assert stop.value.code == 2
+    errors = [line for line in capsys.readouterr().err.splitlines() if "error:" in line]
+    assert errors == [f"python -m grlib train: error: {message}"]

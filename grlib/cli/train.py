@@ -35,6 +35,20 @@ from grlib.config import ConfigError, DistConfig, choices, parse_overrides
 KEYS = ("ndcg@10", "hr@10", "mrr", "params", "tokens_per_s", "mfu")
 
 
+def int_at_least(low: int):
+    """An argparse type: an integer >= low (argparse turns the refusal into one error line, exit 2)."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+        if value < low:
+            raise argparse.ArgumentTypeError(f"must be >= {low}, got {value}")
+        return value
+    parse.__name__ = f"int >= {low}"
+    return parse
+
+
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("train", help="train and evaluate one model (full ranking); print and save metrics")
     p.add_argument("--scale", default=None, help="named scale from params.yaml (default: params.yaml's scale)")
@@ -46,13 +60,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("-o", "--override", action="append", default=[], metavar="KEY=VALUE",
                    help="config override, e.g. -o model.d_model=128 -o train.lr=3e-4 (YAML values)")
     p.add_argument("--checkpoint-dir", default=None, help="write last.pt here and resume from it if present")
-    p.add_argument("--checkpoint-every", type=int, default=0, help="checkpoint every N steps (and each epoch end)")
+    p.add_argument("--checkpoint-every", type=int_at_least(0), default=0, help="checkpoint every N steps (and each epoch end)")
     p.add_argument("--losses", default=None, help="also write the per-step losses as a JSON list to this path")
     p.add_argument("--json", default=None, help="write the metrics as JSON to this path")
     p.add_argument("--record", action="store_true",
                    help="append the row to the committed results/tables/ (default: results/adhoc/tables/)")
-    p.add_argument("--world", type=int, default=1, help="data-parallel ranks to start here (default 1)")
-    p.add_argument("--nodes", type=int, default=1, help="nodes the ranks act as (LOCAL_WORLD_SIZE = world / nodes)")
+    p.add_argument("--world", type=int_at_least(1), default=1, help="data-parallel ranks to start here (default 1)")
+    p.add_argument("--nodes", type=int_at_least(1), default=1, help="nodes the ranks act as (LOCAL_WORLD_SIZE = world / nodes)")
     p.add_argument("--balance", default="none", choices=choices.BALANCERS,
                    help="how the global batch's sequences go to ranks (none: contiguous split)")
     p.add_argument("--cost", default="flops", choices=choices.BALANCE_COSTS, help="the cost the balancer evens out")
@@ -64,7 +78,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--schedule", default="prefetch", choices=choices.SCHEDULES,
                    help="sync: plan each step inline; prefetch: plan step i+1 (and its id all-to-alls) during step i; "
                         "semisync: prefetch, and input item rows looked up --staleness steps early")
-    p.add_argument("--staleness", type=int, default=0, help="semisync's k (0 = the rows of sync)")
+    p.add_argument("--staleness", type=int_at_least(0), default=0, help="semisync's k (0 = the rows of sync)")
     p.add_argument("--params-only", action="store_true",
                    help="only print every scale's parameter counts (meta device, no data, no training)")
     p.set_defaults(func=run_cli)
