@@ -66,11 +66,12 @@ def test_fp32_projection_is_the_plain_linear_without_casts():
 
 @needs_bf16
 def test_bf16_trains_a_few_steps_and_the_loss_falls():
-    from grlib.bench.train import _batches, _build_step
+    from grlib.bench.train import _batches, _build_schedule
 
     cfg = load_config("smoke", {"model.precision": "bf16", "model.attention_impl": "cpu", "model.dropout": 0.0})
     data, batches = _batches(cfg, 12)
-    step = _build_step(cfg, data)
+    schedule = _build_schedule(cfg, data)  # grlib.fit.assemble's one-process schedule, as bench train runs it
+    step = schedule.step
     it = iter(batches * 4)
     losses = [step(it).loss for _ in range(24)]
     assert all(torch.isfinite(torch.tensor(losses)))
