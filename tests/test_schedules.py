@@ -1,4 +1,4 @@
-"""grlib.distributed.schedules: the lockstep worker, and on 2 gloo ranks with a row-sharded item table:
+"""grlib.distributed.schedules: the lockstep worker (grlib.train.prefetch.PrefetchWorker, shared with one process), and on 2 gloo ranks with a row-sharded item table:
 prefetch and semisync(0) train bit for bit what sync trains for 50 steps; semisync(2) looks rows up
 early (a nonzero stale fraction) and still trains."""
 from __future__ import annotations
@@ -11,34 +11,34 @@ import pytest
 
 from grlib.config import ConfigError, DistConfig, load_config
 from grlib.distributed.launch import launch
-from grlib.distributed.schedules import LockstepWorker
+from grlib.train.prefetch import PrefetchError, PrefetchWorker
 
 
 def test_the_worker_runs_at_most_ahead_items_beyond_those_taken():
     started = []
-    worker = LockstepWorker(range(10), lambda i: started.append(i) or i * i, ahead=2)
+    worker = PrefetchWorker(range(10), lambda i: started.append(i) or i * i, depth=2)
     time.sleep(0.2)
     assert started == [0, 1]  # nothing taken yet: 2 ahead
-    assert next(worker) == 0
+    assert next(worker) == (0, 0)
     time.sleep(0.2)
     assert started == [0, 1, 2]
-    assert [next(worker) for _ in range(3)] == [1, 4, 9]
+    assert [next(worker)[1] for _ in range(3)] == [1, 4, 9]
     worker.close()  # finishes what it was allowed (4 taken + 2 ahead = items 0..5), then stops
     assert started == [0, 1, 2, 3, 4, 5]
     assert not any(t.name == worker.name and t.is_alive() for t in threading.enumerate())
 
 
 def test_the_worker_ends_and_reports_failures():
-    assert list(LockstepWorker(range(4), lambda i: -i, ahead=1)) == [0, -1, -2, -3]
+    assert [r for _, r in PrefetchWorker(range(4), lambda i: -i, depth=1)] == [0, -1, -2, -3]
 
     def boom(i):
         if i == 2:
             raise KeyError("bad batch")
         return i
 
-    worker = LockstepWorker(range(5), boom, ahead=3)
-    assert [next(worker), next(worker)] == [0, 1]
-    with pytest.raises(RuntimeError, match="bad batch"):
+    worker = PrefetchWorker(range(5), boom, depth=3)
+    assert [next(worker)[1], next(worker)[1]] == [0, 1]
+    with pytest.raises(PrefetchError, match="batch 2: KeyError: 'bad batch'"):
         next(worker)
     with pytest.raises(StopIteration):
         next(worker)
@@ -88,3 +88,20 @@ def test_prefetch_and_semisync0_train_what_sync_trains_bit_for_bit():
     stale = got[0][("semisync", 2)]
     assert np.isfinite(stale["losses"]).all() and stale["losses"] != sync
     assert stale["stale"][0] == 0.0 and max(stale["stale"]) > 0.0  # rows of batch 0 are fresh
+
+
+def test_one_worker_class_runs_ahead_for_every_schedule():
+    """Every class in grlib that starts a thread: only PrefetchWorker (one process's prefetch schedule
+    and a rank's prefetch / semisync schedules both run it)."""
+    import ast
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1] / "grlib"
+    starters = set()
+    for path in root.rglob("*.py"):
+        for cls in (n for n in ast.walk(ast.parse(path.read_text())) if isinstance(n, ast.ClassDef)):
+            for call in (n for n in ast.walk(cls) if isinstance(n, ast.Call)):
+                name = call.func.attr if isinstance(call.func, ast.Attribute) else getattr(call.func, "id", "")
+                if name == "Thread":
+                    starters.add(f"{path.relative_to(root.parent).with_suffix('')}.{cls.name}".replace("/", "."))
+    assert starters == {"grlib.train.prefetch.PrefetchWorker"}

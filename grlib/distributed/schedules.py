@@ -15,9 +15,10 @@
     worker:  plan(batch i+1) [+ Route.build of its ids on the side channel]   (at most `ahead` beyond use)
     main:    [rows of batch i+k looked up] -> forward / loss / backward -> all-reduce -> optimizer
 
-The worker runs in lockstep across ranks (LockstepWorker): it starts batch j only once the main
-thread has taken batch j - ahead, and when closed it finishes exactly the batches it was allowed,
-so every rank's worker joins the same collectives and none waits for a peer that stopped.
+The worker is one process's (grlib.train.prefetch.PrefetchWorker), in lockstep across ranks: it starts
+batch j only once the main thread has taken batch j - (k + 1), and when closed it finishes exactly the
+batches it was allowed, so every rank's worker joins the same collectives and none waits for a peer
+that stopped.
 Each step's result carries `stale_fraction` (semisync: the share of its looked-up rows that an
 update changed between lookup and use), `t_start` (for per-rank timelines) and the seconds spent
 inside item all-to-alls (`lookup_comm_s`).
@@ -25,10 +26,8 @@ inside item all-to-alls (`lookup_comm_s`).
 from __future__ import annotations
 
 import collections
-import queue
-import threading
 import time
-from collections.abc import Callable, Generator, Iterable, Iterator
+from collections.abc import Generator, Iterable, Iterator
 from typing import Any
 
 import torch
@@ -39,77 +38,15 @@ from grlib.distributed.sharded_embedding import ShardedRows
 from grlib.jagged import JaggedBatch
 from grlib.model.embeddings import ITEM_ROWS
 from grlib.negatives.path import ATTACHMENT, LocalIds
+from grlib.train.prefetch import PrefetchWorker, SyncSchedule
 from grlib.train.step import StepResult
 
 SCHEDULES = ("sync", "prefetch", "semisync")
-_POLL_S = 0.05
-_DONE = object()
 
 
-class LockstepWorker:
-    """Yields fn(item) for the items of `source`, computed in a thread at most `ahead` items beyond
-    those taken. close() lets it finish the items it was allowed to start, then joins it."""
-
-    def __init__(self, source: Iterable, fn: Callable, ahead: int, name: str = "grlib-schedule"):
-        if ahead < 1:
-            raise ValueError(f"ahead must be >= 1, got {ahead}")
-        self._source, self._fn, self.name = iter(source), fn, name
-        self._allowed, self._closing, self._finished = ahead, False, False
-        self._cond = threading.Condition()
-        self._out: queue.Queue = queue.Queue()
-        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
-        self._thread.start()
-
-    def _run(self) -> None:
-        started = 0
-        try:
-            for item in self._source:
-                with self._cond:
-                    while started >= self._allowed and not self._closing:
-                        self._cond.wait()
-                    if started >= self._allowed:
-                        return
-                started += 1
-                self._out.put(self._fn(item))
-            self._out.put(_DONE)
-        except BaseException as exc:  # noqa: BLE001 - raised in the consumer
-            self._out.put(exc)
-
-    def __iter__(self) -> Iterator:
-        return self
-
-    def __next__(self):
-        if self._finished:
-            raise StopIteration
-        while True:
-            try:
-                got = self._out.get(timeout=_POLL_S)
-                break
-            except queue.Empty:
-                if not self._thread.is_alive() and self._out.empty():
-                    raise RuntimeError(f"the {self.name} worker stopped without a result") from None
-        if got is _DONE:
-            self._finished = True
-            raise StopIteration
-        if isinstance(got, BaseException):
-            self._finished = True
-            raise RuntimeError(f"the {self.name} worker failed: {type(got).__name__}: {got}") from got
-        with self._cond:
-            self._allowed += 1
-            self._cond.notify()
-        return got
-
-    def close(self, timeout: float = 600.0) -> None:
-        with self._cond:
-            self._closing = True
-            self._cond.notify()
-        self._thread.join(timeout)
-        if self._thread.is_alive():
-            raise RuntimeError(f"the {self.name} worker did not stop within {timeout} s")
-
-
-class Schedule:
-    """One rank's steps under `kind` (SCHEDULES) with staleness k (semisync only)."""
+class Schedule(SyncSchedule):
+    """One rank's steps under `kind` (SCHEDULES) with staleness k (semisync only): the N-rank member of
+    the schedule family (grlib.train.prefetch.SyncSchedule: run(batches) -> one StepResult per batch)."""
 
     def __init__(self, step: DataParallelStep, planner: Planner, kind: str = "prefetch", staleness: int = 0,
                  side: Any = None):
@@ -117,7 +54,8 @@ class Schedule:
             raise ValueError(f"schedule must be one of {SCHEDULES}, got {kind!r}")
         if staleness < 0 or (staleness and kind != "semisync"):
             raise ValueError(f"staleness must be >= 0 and only with schedule 'semisync', got {staleness} with {kind!r}")
-        self.step, self.planner, self.kind, self.k = step, planner, kind, staleness
+        super().__init__(step)
+        self.planner, self.kind, self.k = planner, kind, staleness
         self.world, self.rank = planner.world, planner.rank
         self.model: nn.Module = step.model
         self.tables = [m for m in self.model.modules() if isinstance(m, ShardedRows)]
@@ -140,11 +78,8 @@ class Schedule:
         if self.kind == "sync":
             yield from self._steps(self._plan(b) for b in batches)
             return
-        worker = LockstepWorker(batches, self._plan, ahead=self.k + 1)
-        try:
-            yield from self._steps(worker)
-        finally:
-            worker.close()
+        with PrefetchWorker(batches, self._plan, depth=self.k + 1, name="grlib-schedule") as worker:
+            yield from self._steps(plan for _, plan in worker)
 
     def _steps(self, plans: Iterator[RankPlan]) -> Generator[StepResult, None, None]:
         window: collections.deque[RankPlan] = collections.deque()

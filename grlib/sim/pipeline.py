@@ -7,7 +7,7 @@ wait: that is where imbalance shows):
     main     compute (forward, loss, backward, optimizer) and every collective the step blocks on
     worker   the schedule's host thread (prefetch, semisync): planning step j and building its
              routes (split sizes + the ids' trip of the input and the loss lookup), allowed once
-             the main lane has taken batch j - (k + 1) (grlib.distributed.schedules.LockstepWorker); the
+             the main lane has taken batch j - (k + 1) (grlib.train.prefetch.PrefetchWorker); the
              main lane takes batch i + k at the start of step i
     stream   a device's communication stream (Machine.streams): semisync's input rows' trip of
              batch i+k issued at the start of step i, and the bucketed gradient all-reduce

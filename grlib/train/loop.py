@@ -39,7 +39,7 @@ from grlib.jagged import JaggedBatch
 from grlib.progress import bar
 from grlib.train import checkpoint
 from grlib.train.optim import Optimizers
-from grlib.train.prefetch import one_process
+from grlib.train.prefetch import SyncSchedule, one_process
 from grlib.train.step import PHASES, StepResult
 
 SELECT_METRIC = "ndcg@10"
@@ -82,7 +82,7 @@ def train(model: nn.Module, data: SequenceData, cfg: TrainConfig, max_len: int, 
           *, validate: Callable[[nn.Module], dict[str, float]] | None = None,
           checkpoint_dir: str | Path | None = None, checkpoint_every: int = 0, resume: bool = True,
           flops_fn: Callable[[JaggedBatch], float] | None = None,
-          identity: dict[str, Any] | None = None, schedule: Any = None) -> TrainResult:
+          identity: dict[str, Any] | None = None, schedule: SyncSchedule | None = None) -> TrainResult:
     """Trains `model` in place; deterministic per cfg.seed (given the same initial weights)."""
     torch.manual_seed(cfg.seed)
     rng = np.random.default_rng(cfg.seed)

@@ -1,29 +1,32 @@
 """Schedules around the one training step (grlib.train.step): what runs for later batches while a
-step computes. The seed of the pipeline schedules.
+step computes, and PrefetchWorker, the one worker thread of every schedule that runs ahead (one
+process's here, a rank of N's in grlib.distributed.schedules).
 
     sync       SyncSchedule: each batch's negatives are drawn inside its step, on the critical path
     prefetch   PrefetchSchedule: a background worker prepares the next `depth` batches' negatives
                (NegativePath.prepare attaches each sample to its batch) while step i computes
 
-    worker thread:  batch_{i+1} = next(batches);  prepare(batch_{i+1})  ──▶ queue (bounded)
-    training loop:  batch_i = queue.get()  ──▶ data / forward / loss / backward / optimizer
+    worker thread:  wait until item j - depth was taken;  item_j = next(source);  fn(item_j)  ──▶ queue
+    training loop:  (item_i, fn(item_i)) = next(worker)  ──▶ data / forward / loss / backward / optimizer
 
     schedule = build_schedule(TrainStep(model, path, opt), cfg.negatives)
     with contextlib.closing(schedule.run(batches)) as steps:
         for result in steps: ...                # one StepResult per batch
 
-The queue holds at most `depth` prepared items, so the worker runs at most `depth` steps ahead and
-host memory stays bounded. An exception in the worker (in `prepare` or in the batch iterator) is
-handed through the queue and raised in the training loop as PrefetchError (the original exception
-chained as its cause). Closing the steps (or PrefetchWorker.close(), or leaving its `with` block)
-stops the worker and joins its thread; nothing is left running. The worker prepares ids only, never
-embedding values (see grlib.negatives.path for the staleness choice).
+The worker runs in lockstep with its consumer: it starts item j only once item j - depth has been
+taken, so at most `depth` items are started beyond those taken (host memory stays bounded), and
+close() lets it finish exactly the items it was allowed to start, then joins it. Under N ranks that
+makes every rank's worker join the same collectives (a worker's fn may run some), so none waits for
+a peer that stopped. An exception in the worker (in `fn` or in the source) is handed to the consumer
+and raised there as PrefetchError (the original exception chained as its cause). Closing the steps
+(or PrefetchWorker.close(), or leaving its `with` block) stops the worker and joins its thread;
+nothing is left running. The one-process worker prepares ids only, never embedding values (see
+grlib.negatives.path for the staleness choice).
 """
 from __future__ import annotations
 
 import queue
 import threading
-import time
 from collections.abc import Callable, Generator, Iterable, Iterator
 from typing import Generic, TypeVar
 
@@ -43,7 +46,7 @@ _POLL_S = 0.05
 
 
 class PrefetchError(RuntimeError):
-    """The prefetch worker failed; the cause holds the worker's exception."""
+    """The worker failed, or stopped without a result; the cause holds the worker's exception."""
 
 
 class _Failure:
@@ -52,36 +55,36 @@ class _Failure:
 
 
 class PrefetchWorker(Generic[B, S]):
-    """Yields (item, fn(item)) for the items of `source`, computed `depth` items ahead in a thread."""
+    """Yields (item, fn(item)) for the items of `source`, computed in a thread at most `depth` items
+    beyond those taken. close() lets it finish the items it was allowed to start, then joins it."""
 
     def __init__(self, source: Iterable[B], fn: Callable[[B], S], depth: int = 2, name: str = "grlib-prefetch"):
         if depth < 1:
             raise ValueError(f"depth must be >= 1, got {depth}")
-        self._source, self._fn, self.name = source, fn, name
-        self._queue: queue.Queue = queue.Queue(maxsize=depth)
-        self._stop = threading.Event()
-        self._finished = False
+        self._source, self._fn, self.name = iter(source), fn, name
+        self._allowed, self._closing, self._finished = depth, False, False
+        self._cond = threading.Condition()  # the worker waits on it (no polling: a worker that wakes
+        self._out: queue.Queue = queue.Queue()  # every few ms takes the GIL and a core from training)
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
-
-    def _put(self, item: object) -> bool:
-        """Blocks until there is room (no polling: a worker that wakes every few ms to retry takes
-        the GIL and a core from the training threads). close() drains the queue, which unblocks it."""
-        if self._stop.is_set():
-            return False
-        self._queue.put(item)
-        return not self._stop.is_set()
 
     def _run(self) -> None:
         index = 0
         try:
-            for item in self._source:
-                if self._stop.is_set() or not self._put((item, self._fn(item))):
-                    return
+            while True:
+                with self._cond:
+                    while index >= self._allowed and not self._closing:
+                        self._cond.wait()
+                    if index >= self._allowed:
+                        return  # closing: every item it was allowed is done
+                item = next(self._source, _DONE)
+                if item is _DONE:
+                    break
+                self._out.put((item, self._fn(item)))
                 index += 1
-            self._put(_DONE)
+            self._out.put(_DONE)
         except BaseException as exc:  # noqa: BLE001 - handed to the consumer, never swallowed
-            self._put(_Failure(exc, index))
+            self._out.put(_Failure(exc, index))
 
     def __iter__(self) -> Iterator[tuple[B, S]]:
         return self
@@ -91,10 +94,10 @@ class PrefetchWorker(Generic[B, S]):
             raise StopIteration
         while True:
             try:
-                got = self._queue.get(timeout=_POLL_S)
+                got = self._out.get(timeout=_POLL_S)
                 break
             except queue.Empty:
-                if not self._thread.is_alive() and self._queue.empty():
+                if not self._thread.is_alive() and self._out.empty():
                     self._finished = True
                     raise PrefetchError(f"the {self.name} worker stopped without a result") from None
         if got is _DONE:
@@ -106,27 +109,23 @@ class PrefetchWorker(Generic[B, S]):
             raise PrefetchError(
                 f"the {self.name} worker failed on batch {got.index}: {type(got.exc).__name__}: {got.exc}"
             ) from got.exc
+        with self._cond:
+            self._allowed += 1
+            self._cond.notify()
         return got
-
-    def _drain(self) -> None:
-        while True:
-            try:
-                self._queue.get_nowait()
-            except queue.Empty:
-                return
 
     @property
     def alive(self) -> bool:
         return self._thread.is_alive()
 
-    def close(self, timeout: float = 30.0) -> None:
-        """Stops the worker and joins it (idempotent). Raises if it does not stop within `timeout`."""
-        self._stop.set()
+    def close(self, timeout: float = 600.0) -> None:
+        """Lets the worker finish what it was allowed, joins it (idempotent). Raises PrefetchError
+        if it does not stop within `timeout`."""
+        with self._cond:
+            self._closing = True
+            self._cond.notify()
         if self._thread is not threading.current_thread():
-            deadline = time.monotonic() + timeout
-            while self._thread.is_alive() and time.monotonic() < deadline:
-                self._drain()  # unblock a worker waiting on a full queue (it puts at most once more)
-                self._thread.join(_POLL_S)
+            self._thread.join(timeout)
             if self._thread.is_alive():
                 raise PrefetchError(f"the {self.name} worker did not stop within {timeout} s")
         self._finished = True
@@ -139,7 +138,8 @@ class PrefetchWorker(Generic[B, S]):
 
 
 class SyncSchedule:
-    """One step per batch, nothing ahead: the step's loss draws the batch's negatives."""
+    """One step per batch, nothing ahead: the step's loss draws the batch's negatives. The base of
+    the schedule family: PrefetchSchedule here, a rank's grlib.distributed.schedules.Schedule."""
 
     world, rank = 1, 0  # one process (grlib.distributed.schedules.Schedule: a rank of N)
 
