@@ -145,11 +145,12 @@ def _per_step_mb(timeline: list[dict], key: str) -> float:
 def fit_rank(runtime, cfg: Config, dataset: str, dist_cfg: DistConfig, checkpoint_dir: str | None = None,
              checkpoint_every: int = 0, measure_peak: bool = True) -> dict:
     """One rank of `python -m grlib train --world N` (or under torchrun): loads the data (rank 0
-    first, so a dataset is prepared once), fits, evaluates. Returns {"row", "losses", "rank"}."""
+    first, so a dataset and its flat arrays are prepared once; with N > 1 ranks each reads only the
+    sequences it trains, grlib.data.share), fits, evaluates. Returns {"row", "losses", "rank"}."""
     if runtime.topology.rank != 0:
         os.environ["GRLIB_PROGRESS"] = "0"  # one progress bar: rank 0's
         runtime.barrier()
-    ds = load_dataset(cfg, dataset)
+    ds = load_dataset(cfg, dataset, share=runtime.topology.world > 1)  # each rank reads its share
     if runtime.topology.rank == 0:
         runtime.barrier()
     peak = model_peak(cfg) if measure_peak else None

@@ -27,6 +27,10 @@ first (a temporary file under data/raw/); KuaiRand versions come from the downlo
 (grlib.data.download); MovieLens-100K from the shared real-data slices when present, else from the
 cache (grlib.data.movielens reads it into the log schema).
 
+A rank of a data-parallel run loads with share=True: the folder's token arrays written once as flat
+files under data/cache/arrays/ and read per batch (grlib.data.share), so a rank holds the per-user
+arrays and its batches, not the dataset.
+
 Evaluation protocol: history items are masked at evaluation only where no validation or test
 target repeats a history item (repeat_fraction 0: MovieLens); on logs with repeat consumption
 masking would hide the target (grlib.evaluate).
@@ -46,6 +50,7 @@ from grlib.data import download, preprocess, registry
 from grlib.data.movielens import read_ml100k
 from grlib.schema import DataError
 from grlib.data.sequences import SequenceData
+from grlib.data.share import MappedSequences, ensure_arrays
 from grlib.data.synthetic import write_log_csv
 from grlib.evaluate import split_repeat_fraction
 
@@ -113,12 +118,14 @@ def ensure_prepared(cfg: Config, name: str = "scale") -> Path:
     return out
 
 
-def load_dataset(cfg: Config, name: str = "scale") -> Dataset:
+def load_dataset(cfg: Config, name: str = "scale", share: bool = False) -> Dataset:
     """The sequences of dataset `name` with its evaluation protocol, prepared first if needed. A
     real dataset that is neither on disk nor downloadable here raises FileNotFoundError or
-    DownloadError."""
+    DownloadError. share=True (a rank of a data-parallel run): the token arrays stay in flat files
+    read per batch and training batches are global batches known by their lengths, each rank
+    reading the sequences its Planner assigns it (grlib.data.share)."""
     out = ensure_prepared(cfg, name)
-    data = SequenceData.load(out)
+    data = MappedSequences(ensure_arrays(out), global_batches=True) if share else SequenceData.load(out)
     rep = split_repeat_fraction(data, cfg.data.max_len)
     return Dataset(dataset_config(cfg, name).dataset, data, out, mask_history=rep == 0.0, repeat_fraction=rep)
 

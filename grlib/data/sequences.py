@@ -121,7 +121,14 @@ def ranges_to_index(starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
 
 
 class SequenceData:
-    """A sequences table held as flat numpy arrays (values + per-user offsets)."""
+    """A sequences table held as flat numpy arrays (values + per-user offsets).
+
+    Token arrays (items, actions, timestamps, is_target: [N] over every user's events back to back)
+    are only read through `_tokens(name, starts, ends)`, the concatenated ranges [starts, ends);
+    grlib.data.share.MappedSequences overrides it to read them from flat files, so that a rank holds
+    the per-user arrays (user_offsets [U+1], val_pos [U], test_pos [U]) and the batch it reads."""
+
+    TOKEN_ARRAYS = ("items", "actions", "timestamps", "is_target")
 
     def __init__(self, seqs: pl.DataFrame, n_items: int):
         self.n_users = seqs.height
@@ -142,41 +149,70 @@ class SequenceData:
         vocab = pl.read_parquet(folder / "vocab.parquet")
         return cls(seqs, n_items=vocab.height + FIRST_ITEM_ID)
 
-    def train_item_counts(self) -> np.ndarray:
-        """[n_items] target counts in the training part (for the popularity baseline)."""
+    def _tokens(self, name: str, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
+        """Token array `name` (TOKEN_ARRAYS) over the ranges [starts, ends) back to back, as int64
+        (bool for is_target); a new array, never a view of the data."""
+        return getattr(self, name)[ranges_to_index(starts, ends)]
+
+    def train_item_counts(self, chunk_events: int = 1 << 22) -> np.ndarray:
+        """[n_items] target counts in the training part (for the popularity baseline), read in
+        chunks of consecutive users of about chunk_events events."""
         counts = np.zeros(self.n_items, dtype=np.int64)
-        idx = ranges_to_index(self.user_offsets[:-1], self.user_offsets[:-1] + self.val_pos)
-        np.add.at(counts, self.items[idx][self.is_target[idx]], 1)
+        u = 0
+        while u < self.n_users:
+            stop = max(u + 1, int(np.searchsorted(self.user_offsets, self.user_offsets[u] + chunk_events, "right")) - 1)
+            stop = min(stop, self.n_users)
+            users = np.arange(u, stop)
+            base = self.user_offsets[users]
+            items = self._tokens("items", base, base + self.val_pos[users])
+            target = self._tokens("is_target", base, base + self.val_pos[users])
+            counts += np.bincount(items[target], minlength=self.n_items)
+            u = stop
         return counts
 
-    def _batch(self, users: np.ndarray, ends: np.ndarray, max_len: int, with_targets: bool) -> JaggedBatch:
+    def _windows(self, users: np.ndarray, ends: np.ndarray, max_len: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(absolute starts [B], absolute ends [B], offsets [B+1]) of the users' windows of at most
+        max_len events before `ends` (positions inside each user's sequence)."""
         base = self.user_offsets[users]
         starts = np.maximum(0, ends - max_len)
-        idx = ranges_to_index(base + starts, base + ends)
-        lengths = ends - starts
-        offsets = np.concatenate([[0], np.cumsum(lengths)])
-        targets = np.zeros(idx.size, dtype=np.int64)
-        if with_targets:  # token i predicts event i+1 when it is a target inside the window
-            nxt = idx + 1
-            last = np.zeros(idx.size, dtype=bool)
-            last[offsets[1:][lengths > 0] - 1] = True
-            ok = ~last
-            ok[ok] = self.is_target[nxt[ok]]
-            targets[ok] = self.items[nxt[ok]]
+        offsets = np.concatenate([[0], np.cumsum(ends - starts)]).astype(np.int64)
+        return base + starts, base + ends, offsets
+
+    def _targets(self, a: np.ndarray, b: np.ndarray, offsets: np.ndarray, items: np.ndarray) -> np.ndarray:
+        """[T] targets of the windows [a, b) whose items are `items`: token i predicts event i+1
+        when that event is a target inside the window (0 elsewhere)."""
+        lengths = b - a
+        nonlast = np.ones(items.size, dtype=bool)  # [T] tokens whose next event is inside the window
+        nonlast[offsets[1:][lengths > 0] - 1] = False
+        nxt_start = a + (lengths > 0)  # the next events of the non-last tokens: [a + 1, b)
+        hit = self._tokens("is_target", nxt_start, np.maximum(nxt_start, b))  # [T - #nonempty]
+        targets = np.zeros(items.size, dtype=np.int64)
+        at = np.flatnonzero(nonlast)  # [T - #nonempty], aligned with hit
+        targets[at[hit]] = items[at[hit] + 1]
+        return targets
+
+    def _batch(self, users: np.ndarray, ends: np.ndarray, max_len: int, with_targets: bool) -> JaggedBatch:
+        a, b, offsets = self._windows(users, ends, max_len)
+        items = self._tokens("items", a, b)
+        targets = self._targets(a, b, offsets, items) if with_targets else np.zeros(items.size, dtype=np.int64)
         return JaggedBatch(
-            item_ids=torch.from_numpy(self.items[idx]),
-            actions=torch.from_numpy(self.actions[idx]),
-            timestamps=torch.from_numpy(self.timestamps[idx]),
-            offsets=torch.from_numpy(offsets.astype(np.int64)),
+            item_ids=torch.from_numpy(items),
+            actions=torch.from_numpy(self._tokens("actions", a, b)),
+            timestamps=torch.from_numpy(self._tokens("timestamps", a, b)),
+            offsets=torch.from_numpy(offsets),
             max_len=max_len,
             targets=torch.from_numpy(targets),
         )
 
-    def train_batches(self, batch_size: int, max_len: int, rng: np.random.Generator):
-        """Shuffled training batches: each user's events before val_pos (last max_len of them)."""
+    def train_order(self, batch_size: int, rng: np.random.Generator):
+        """The users of each training batch of one epoch ([B] each), shuffled by rng."""
         order = rng.permutation(self.n_users)
         for i in range(0, self.n_users, batch_size):
-            users = order[i:i + batch_size]
+            yield order[i:i + batch_size]
+
+    def train_batches(self, batch_size: int, max_len: int, rng: np.random.Generator):
+        """Shuffled training batches: each user's events before val_pos (last max_len of them)."""
+        for users in self.train_order(batch_size, rng):
             yield self._batch(users, self.val_pos[users], max_len, with_targets=True)
 
     def n_train_batches(self, batch_size: int) -> int:
@@ -191,6 +227,9 @@ class SequenceData:
             users = np.arange(i, min(i + batch_size, self.n_users))
             batch = self._batch(users, pos[users], max_len, with_targets=False)
             base = self.user_offsets[users]
-            batch.eval_targets = torch.from_numpy(self.items[base + pos[users]])
-            batch.history = [self.items[b:b + p] for b, p in zip(base, pos[users])]
+            prefix = self._tokens("items", base, base + pos[users] + 1)  # each user's history and target
+            ends = np.cumsum(pos[users] + 1)
+            batch.eval_targets = torch.from_numpy(prefix[ends - 1])
+            batch.history = np.split(prefix, ends)[:-1]
+            batch.history = [h[:-1] for h in batch.history]
             yield batch
