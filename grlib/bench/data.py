@@ -7,6 +7,18 @@ lengths) is written as CSV; then, each in a fresh child process, the streaming p
 rows/s, and the child's own peak RSS (VmHWM), including the interpreter and its imports (idle_rss_mb).
 A last row extrapolates the streaming figures of the largest N to KuaiRand-27K (322,278,385 rows,
 32,038,725 videos). Rows go to results/tables/bench_data.parquet.
+
+--rank-share: the data memory of the ranks of a data-parallel run, per rank, at --world P = 1, 2, 4
+on one synthetic twin (prepared once, --share-users users at --share-length-factor, cut to
+--share-max-len). Each rank runs in a fresh child, one after the other (a rank's data path does not
+communicate: the Planner is deterministic and the fingerprint all-gather is the step's): it loads
+the data, then plans --steps global batches as a rank of P (assignment, negatives, its sub-batch),
+then reads one validation pass. Two loaders, in the same run: "whole" (SequenceData.load: every
+rank reads the whole table, the baseline) and "share" (grlib.data.share: flat files read per batch,
+global batches known by their lengths). Per rank: VmRSS before loading (after the imports), the
+peak (VmHWM) after the steps and after the validation pass, data_rss_mb = peak - before; the plans'
+checksum (fingerprints and local token sums), which must be the same for both loaders. Rows go to
+bench_data with method "rank-share".
 """
 from __future__ import annotations
 
@@ -21,7 +33,7 @@ import time
 from pathlib import Path
 
 from grlib import results
-from grlib.bench.common import print_table
+from grlib.bench.common import positive_int, print_table
 from grlib.config import config_from_args
 from grlib.data.preprocess import PART_BYTES_PER_ROW
 
@@ -38,6 +50,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--no-baseline", action="store_true", help="skip the in-memory baseline")
     p.add_argument("--workdir", default=None, help="where the CSV and outputs go (default: system temp)")
+    p.add_argument("--rank-share", action="store_true",
+                   help="measure the data RSS per rank of a data-parallel run instead (module docstring)")
+    p.add_argument("--world", type=positive_int, nargs="+", default=[1, 2, 4], help="--rank-share: ranks P")
+    p.add_argument("--share-users", type=positive_int, default=2000, help="--rank-share: users of the twin")
+    p.add_argument("--share-length-factor", type=float, default=0.5, help="--rank-share: the twin's length factor")
+    p.add_argument("--share-max-len", type=positive_int, default=4096, help="--rank-share: data.max_len")
+    p.add_argument("--batch-size", type=positive_int, default=16, help="--rank-share: sequences per global batch")
+    p.add_argument("--steps", type=int, default=0, help="--rank-share: global batches planned (0: one epoch)")
 
 
 def users_for_rows(rows: int, length_factor: float, seed: int) -> int:
@@ -102,6 +122,8 @@ def measure(method: str, csv: Path, work: Path, max_len: int, bucket_rows: int) 
 def run(args: argparse.Namespace) -> list[dict]:
     from grlib.data.synthetic import write_log_csv
 
+    if args.rank_share:
+        return run_share(args)
     cfg = config_from_args(args)
     rows_out = []
     for target_rows in args.rows:
@@ -158,8 +180,143 @@ def run(args: argparse.Namespace) -> list[dict]:
     return rows_out
 
 
-if __name__ == "__main__":  # the child process of `measure`
+def status_mb(field: str) -> float:
+    """A field of /proc/self/status (VmRSS, VmHWM) in MiB."""
+    with open("/proc/self/status") as fh:
+        for line in fh:
+            if line.startswith(field + ":"):
+                return int(line.split()[1]) / 1024
+    raise RuntimeError(f"/proc/self/status has no {field} (Linux only)")
+
+
+def _share_child(spec_path: str) -> None:
+    """One rank's data path (run_share) in this fresh process; writes its figures to spec['result']."""
+    spec = json.loads(Path(spec_path).read_text())
+    import numpy as np
+
+    from grlib.config import load_config
+    from grlib.data.sequences import SequenceData
+    from grlib.data.share import MappedSequences
+    from grlib.distributed.data_parallel import Planner
+    from grlib.negatives import build_negative_path
+
+    cfg = load_config(spec["scale"], spec["overrides"])
+    before = status_mb("VmRSS")
+    t0 = time.perf_counter()
+    data = (SequenceData.load(Path(spec["folder"])) if spec["loader"] == "whole"
+            else MappedSequences(Path(spec["arrays"]), global_batches=True))
+    path = build_negative_path(cfg.negatives, data.n_items, data.train_item_counts(), seed=cfg.train.seed)
+    planner = Planner(path, spec["rank"], spec["world"], "lpt", seed=cfg.train.seed)
+    load_s, t1 = time.perf_counter() - t0, time.perf_counter()
+    steps = spec["steps"] or data.n_train_batches(spec["batch_size"])
+    check, done = 0, 0
+    for batch in data.train_batches(spec["batch_size"], cfg.data.max_len, np.random.default_rng(cfg.train.seed)):
+        if done == steps:
+            break
+        plan = planner(batch)
+        check = (check * 1_000_003 + int(plan.fingerprint.sum()) + int(plan.local.item_ids.sum())
+                 + int(plan.local.targets.sum()) + int(plan.token_index.sum())) % (2**61 - 1)
+        done += 1
+    steps_s, hwm_train = time.perf_counter() - t1, status_mb("VmHWM")
+    for batch in data.eval_batches("val", cfg.train.eval_batch_size, cfg.data.max_len):
+        check = (check * 1_000_003 + int(batch.item_ids.sum()) + int(batch.eval_targets.sum())) % (2**61 - 1)
+    result = {"before_mb": before, "hwm_train_mb": hwm_train, "hwm_eval_mb": status_mb("VmHWM"),
+              "rss_end_mb": status_mb("VmRSS"), "load_s": load_s, "steps_s": steps_s, "steps": done,
+              "checksum": check}
+    Path(spec["result"]).write_text(json.dumps(result))
+
+
+def run_share(args: argparse.Namespace) -> list[dict]:
+    """--rank-share (module docstring): whole vs share, per rank, at each --world."""
+    from grlib.data.catalog import ensure_prepared
+    from grlib.data.share import ensure_arrays
+
+    overrides = {"data.dataset": "synthetic", "data.n_users": args.share_users,
+                 "data.length_factor": args.share_length_factor, "data.max_len": args.share_max_len}
+    cfg = config_from_args(args, overrides)
+    folder = ensure_prepared(cfg)
+    arrays = ensure_arrays(folder)
+    stats = json.loads((folder / "stats.json").read_text())
+    events = stats["events"]
+    whole_mb = events * 25 / 2**20  # int64 items, actions, timestamps + bool is_target per event
+    rows_out = []
+    work = Path(tempfile.mkdtemp(dir=args.workdir, prefix="grlib-bench-share-"))
+    try:
+        for world in args.world:
+            for loader in ("whole", "share"):
+                for rank in range(world):
+                    spec_path, result = work / "spec.json", work / f"result-{loader}-{world}-{rank}.json"
+                    spec_path.write_text(json.dumps({
+                        "loader": loader, "rank": rank, "world": world, "scale": cfg.scale,
+                        "overrides": {**dict(_override_items(args)), **overrides}, "folder": str(folder),
+                        "arrays": str(arrays), "steps": args.steps, "batch_size": args.batch_size,
+                        "result": str(result)}))
+                    code = subprocess.call([sys.executable, "-m", "grlib.bench.data", "--share-child", str(spec_path)])
+                    if code != 0:
+                        raise RuntimeError(f"bench data --rank-share: the {loader} child of rank {rank} of {world} "
+                                           f"failed (exit {code})")
+                    m = json.loads(result.read_text())
+                    rows_out.append({"method": "rank-share", "loader": loader, "world": world, "rank": rank,
+                                     "users": stats["users"], "events": events, "data_in_memory_mb": whole_mb,
+                                     "max_len": args.share_max_len, "batch_size": args.batch_size,
+                                     "before_mb": m["before_mb"], "rss_end_mb": m["rss_end_mb"],
+                                     "data_rss_train_mb": m["hwm_train_mb"] - m["before_mb"],
+                                     "data_rss_mb": m["hwm_eval_mb"] - m["before_mb"],
+                                     "load_s": m["load_s"], "steps": m["steps"], "steps_s": m["steps_s"],
+                                     "checksum": str(m["checksum"])})
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    return _share_summary(rows_out, args, cfg)
+
+
+def _override_items(args: argparse.Namespace):
+    from grlib.config import parse_overrides
+
+    return parse_overrides(args.override).items()
+
+
+def _share_summary(rows_out: list[dict], args: argparse.Namespace, cfg) -> list[dict]:
+    """Per (loader, world): the largest data RSS over the ranks; ratios to the whole read at P = 1;
+    the plans of both loaders must match rank by rank."""
+    from grlib.manifest import hardware
+
+    key = lambda r: (r["world"], r["rank"])  # noqa: E731
+    whole = {key(r): r for r in rows_out if r["loader"] == "whole"}
+    for r in rows_out:
+        r["plans_equal_whole"] = r["checksum"] == whole[key(r)]["checksum"]
+    if not all(r["plans_equal_whole"] for r in rows_out):
+        bad = [key(r) for r in rows_out if not r["plans_equal_whole"]]
+        raise RuntimeError(f"bench data --rank-share: the share loader planned other batches than the whole read "
+                           f"at (world, rank) {bad}")
+    base = max(r["data_rss_mb"] for r in rows_out if r["loader"] == "whole" and r["world"] == min(args.world))
+    share1 = max(r["data_rss_mb"] for r in rows_out if r["loader"] == "share" and r["world"] == min(args.world))
+    summary = []
+    for loader in ("whole", "share"):
+        for world in args.world:
+            ranks = [r for r in rows_out if r["loader"] == loader and r["world"] == world]
+            worst = max(ranks, key=lambda r: r["data_rss_mb"])
+            for r in ranks:
+                r["vs_whole_p1"] = r["data_rss_mb"] / base
+            summary.append({"loader": loader, "world": world, "ranks": len(ranks),
+                            "data_rss_train_mb": max(r["data_rss_train_mb"] for r in ranks),
+                            "data_rss_mb": worst["data_rss_mb"], "vs_whole_p1": worst["data_rss_mb"] / base,
+                            "vs_share_p1": worst["data_rss_mb"] / share1, "1/P": 1 / world,
+                            "load_s": max(r["load_s"] for r in ranks), "steps_s": max(r["steps_s"] for r in ranks),
+                            "plans_equal_whole": all(r["plans_equal_whole"] for r in ranks)})
+    first = rows_out[0]
+    print_table(summary, f"bench data --rank-share: data RSS per rank (peak VmHWM - VmRSS before loading, the "
+                         f"largest over the ranks; train steps then one validation pass), twin of {first['users']:,} "
+                         f"users, {first['events']:,} events ({first['data_in_memory_mb']:.0f} MiB as int64 arrays), "
+                         f"max_len {first['max_len']}, batch {first['batch_size']}, {first['steps']} steps; "
+                         f"CPU {hardware()['cpu']}")
+    results.append_rows("bench_data", rows_out, cfg)
+    return rows_out
+
+
+if __name__ == "__main__":  # the child process of `measure` / `run_share`
     if len(sys.argv) == 3 and sys.argv[1] == "--child":
         _child(sys.argv[2])
+    elif len(sys.argv) == 3 and sys.argv[1] == "--share-child":
+        _share_child(sys.argv[2])
     else:
         sys.exit("usage: python -m grlib.bench.data --child SPEC.json (run `python -m grlib bench data` instead)")
