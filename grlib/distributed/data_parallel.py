@@ -23,8 +23,10 @@ Planning (assignment, negatives, the local sub-batch) is pure host work: under t
 semisync schedules (grlib.distributed.schedules, built by grlib.fit.assemble) a worker thread plans step i+1 while step i computes. Every step the
 ranks all-gather a fingerprint of the global batch (sequences, tokens, a length checksum), so ranks
 that read different data (another seed, another dataset) stop with an error instead of training
-silently apart. Here the data is read whole by every rank (cheap next to a step); a loader that
-reads only a share would all-gather the lengths and send the sequences with all_to_all.
+silently apart. The global batch need not be read whole: grlib.fit.fit_rank gives the Planner
+grlib.data.share.GlobalBatch, known by its lengths, whose select(rows) reads only this rank's
+sequences and whose targets (the negatives' draw) are read once per step, so a rank holds no copy
+of the dataset.
 """
 from __future__ import annotations
 
