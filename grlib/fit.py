@@ -57,7 +57,8 @@ def assemble(model: nn.Module, data: SequenceData, cfg: TrainConfig, negatives: 
     topo = runtime.topology
     planner = data_parallel.Planner(path, topo.rank, topo.world, dc.balance, equal_counts=dc.equal_counts,
                                     cost=data_parallel.cost_function(dc, model.cfg), seed=seed)
-    step = data_parallel.DataParallelStep(model, path, opt, runtime.world_group)
+    step = data_parallel.DataParallelStep(model, path, opt, runtime.world_group,
+                                          bucket_bytes=dc.bucket_bytes if dc.schedule == "overlap" else None)
     side = side_channel(runtime, dc.timeout_s) if step.tables and dc.schedule != "sync" else None
     return Schedule(step, planner, dc.schedule, dc.staleness, side)
 

@@ -50,6 +50,7 @@ BOUNDARY = {
     "kernels.max_lens": [1], "kernels.pair_budget": 3, "kernels.whole_batch": -1, "kernels.repeats": 0,
     "kernels.row_seconds": 0.0,
     "dist.world": 0, "dist.nodes": 0, "dist.staleness": -1, "dist.timeout_s": 0.0, "dist.quadratic": [float("nan")],
+    "dist.bucket_bytes": 0,
 }
 
 

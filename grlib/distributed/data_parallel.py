@@ -11,6 +11,10 @@ each rank trains the sub-batch it owns:
     rank 1: select([1, 2, 4]) -> forward, loss * P_1 / P_global, backward ─┴─ all-reduce SUM of
             gradients (+ the loss, + which parameters got one) -> identical optimizer steps
 
+The gradients go in one flat buffer after backward (GradientSync), or, under the `overlap` schedule,
+in buckets of dist.bucket_bytes launched from backward's hooks as their gradients are produced
+(grlib.distributed.buckets.BucketedSync); the same sums either way.
+
 Why the result equals one process's: the loss of one process is the mean over the global batch's
 P_global target tokens; each rank's loss is the mean over its own P_r, weighted by P_r / P_global,
 so the summed gradients are the single-process gradients (up to float summation order). The
@@ -41,6 +45,7 @@ from torch import Tensor, nn
 
 from grlib.config import DistConfig, ModelConfig
 from grlib.distributed.balance import assign, imbalance
+from grlib.distributed.buckets import BucketedSync
 from grlib.distributed.cost import FlopsCost, QuadraticCost
 from grlib.distributed.sharded_embedding import ShardedRows, sum_over
 from grlib.jagged import JaggedBatch
@@ -150,15 +155,18 @@ class GradientSync:
 class DataParallelStep(TrainStep):
     """The training step of one rank: TrainStep's phases on this rank's share of the global batch
     (dropout on the global batch's rows, the loss weighted P_local / P_global), then the gradients
-    all-reduced (the comm phase). Row shards of a sharded item table are not all-reduced: their
-    owners hold their whole gradient."""
+    all-reduced (the comm phase): in one buffer after backward, or with `bucket_bytes` in buckets
+    launched during backward (BucketedSync; the comm phase is then what is left to wait for). Row
+    shards of a sharded item table are not all-reduced: their owners hold their whole gradient."""
 
-    def __init__(self, model: nn.Module, path: NegativePath, opt: Optimizers, group=None):
+    def __init__(self, model: nn.Module, path: NegativePath, opt: Optimizers, group=None,
+                 bucket_bytes: int | None = None):
         super().__init__(model, path, opt)
         self.group = group
         self.tables = [m for m in model.modules() if isinstance(m, ShardedRows)]
         shards = {id(p) for m in self.tables for p in m.parameters()}
-        self.sync = GradientSync([p for p in model.parameters() if p.requires_grad and id(p) not in shards], group)
+        dense = [p for p in model.parameters() if p.requires_grad and id(p) not in shards]
+        self.sync = GradientSync(dense, group) if bucket_bytes is None else BucketedSync(dense, bucket_bytes, group)
         if shards:
             opt.sharded, opt.reduce = frozenset(shards), sum_over(group)
         self._sent = (0, 0)
@@ -167,9 +175,15 @@ class DataParallelStep(TrainStep):
     def begin(self, plan: RankPlan):
         self._sent = self._link_bytes()
         check_same_batch(plan.fingerprint, self.group)
+        if isinstance(self.sync, BucketedSync):
+            self.sync.arm()
         return plan.local, global_rows(plan.total_tokens, plan.token_index), plan.weight
 
     def reduce(self, loss: Tensor) -> tuple[float, dict[str, float]]:
+        if isinstance(self.sync, BucketedSync):
+            global_loss, figures = self.sync(loss)
+            self._waited = figures.pop("allreduce_s")
+            return global_loss, figures
         global_loss, self._waited = self.sync(loss)
         return global_loss, {}
 

@@ -11,9 +11,14 @@
                  TrainPipelineSemiSync at k = 1); their gradients still reach the current table.
                  Dense parameters and the loss's rows (targets, negatives) stay synchronous.
                  semisync(0) is sync.
+    overlap      prefetch, and the dense gradients all-reduced in buckets of dist.bucket_bytes as
+                 backward produces them (grlib.distributed.buckets.BucketedSync, built by
+                 grlib.fit.assemble): the comm phase is only what is left after backward; the same
+                 sums as the flat all-reduce's
 
     worker:  plan(batch i+1) [+ Route.build of its ids on the side channel]   (at most `ahead` beyond use)
     main:    [rows of batch i+k looked up] -> forward / loss / backward -> all-reduce -> optimizer
+                                                            (overlap: buckets ─┘ from backward's hooks)
 
 The worker is one process's (grlib.train.prefetch.PrefetchWorker), in lockstep across ranks: it starts
 batch j only once the main thread has taken batch j - (k + 1), and when closed it finishes exactly the
@@ -41,7 +46,7 @@ from grlib.negatives.path import ATTACHMENT, LocalIds
 from grlib.train.prefetch import PrefetchWorker, SyncSchedule
 from grlib.train.step import StepResult
 
-SCHEDULES = ("sync", "prefetch", "semisync")
+SCHEDULES = ("sync", "prefetch", "semisync", "overlap")  # overlap plans as prefetch does
 
 
 class Schedule(SyncSchedule):
