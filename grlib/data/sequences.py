@@ -154,7 +154,7 @@ class SequenceData:
         (bool for is_target); a new array, never a view of the data."""
         return getattr(self, name)[ranges_to_index(starts, ends)]
 
-    def train_item_counts(self, chunk_events: int = 1 << 22) -> np.ndarray:
+    def train_item_counts(self, chunk_events: int = 1 << 20) -> np.ndarray:
         """[n_items] target counts in the training part (for the popularity baseline), read in
         chunks of consecutive users of about chunk_events events."""
         counts = np.zeros(self.n_items, dtype=np.int64)
