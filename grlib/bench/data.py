@@ -16,7 +16,8 @@ the data, then plans --steps global batches as a rank of P (assignment, negative
 then reads one validation pass. Two loaders, in the same run: "whole" (SequenceData.load: every
 rank reads the whole table, the baseline) and "share" (grlib.data.share: flat files read per batch,
 global batches known by their lengths). Per rank: VmRSS before loading (after the imports), the
-peak (VmHWM) after the steps and after the validation pass, data_rss_mb = peak - before; the plans'
+peak (VmHWM) after the steps and after the validation pass: data_rss_train_mb and data_rss_mb = peak -
+before (the validation pass holds an eval batch, train.eval_batch_size windows and histories); the plans'
 checksum (fingerprints and local token sums), which must be the same for both loaders. Rows go to
 bench_data with method "rank-share".
 """
@@ -297,8 +298,10 @@ def _share_summary(rows_out: list[dict], args: argparse.Namespace, cfg) -> list[
             worst = max(ranks, key=lambda r: r["data_rss_mb"])
             for r in ranks:
                 r["vs_whole_p1"] = r["data_rss_mb"] / base
+                r["train_vs_whole_p1"] = r["data_rss_train_mb"] / base
             summary.append({"loader": loader, "world": world, "ranks": len(ranks),
                             "data_rss_train_mb": max(r["data_rss_train_mb"] for r in ranks),
+                            "train_vs_whole_p1": max(r["data_rss_train_mb"] for r in ranks) / base,
                             "data_rss_mb": worst["data_rss_mb"], "vs_whole_p1": worst["data_rss_mb"] / base,
                             "vs_share_p1": worst["data_rss_mb"] / share1, "1/P": 1 / world,
                             "load_s": max(r["load_s"] for r in ranks), "steps_s": max(r["steps_s"] for r in ranks),
