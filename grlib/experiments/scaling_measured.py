@@ -47,11 +47,15 @@ class PairSpec:
     solo_steps: int
     gloo_sizes: tuple[int, ...]
     gloo_repeats: int
+    # the overlap schedule's buckets: the laptop model's 2.8 MiB of dense gradients in 6 (torch DDP's
+    # 25 MiB would make one bucket, all-reduced after backward: nothing to overlap)
+    bucket_bytes: int = 2**19
 
 
 def dist_config(spec: PairSpec, world: int, schedule: str, staleness: int) -> DistConfig:
+    extra = {"bucket_bytes": spec.bucket_bytes} if schedule == "overlap" else {}
     return DistConfig(world=world, balance=spec.balance, cost="flops", schedule=schedule, staleness=staleness,
-                      items=spec.items, dedup="rank")
+                      items=spec.items, dedup="rank", **extra)
 
 
 def cpu_and_wait() -> tuple[float, float]:
@@ -206,6 +210,16 @@ def solo_lengths(cfg: Config, data, spec: PairSpec, world: int, n_steps: int) ->
     rng = np.random.default_rng(cfg.train.seed)
     batches = data.train_batches(spec.batch_size // world, spec.max_len, rng)
     return [b.lengths().numpy() for _, b in zip(range(n_steps), batches)]
+
+
+def dense_buckets(cfg: Config, n_items: int, max_len: int, bucket_bytes: int) -> int:
+    """Buckets the overlap schedule all-reduces with a sharded item table (grlib.distributed.buckets)."""
+    from grlib.distributed.buckets import bucket_layout
+    from grlib.model import build_model
+
+    model = build_model(cfg.model, n_items, max_len)
+    dense = [p for n, p in model.named_parameters() if p.requires_grad and not n.startswith("embed.items.")]
+    return len(bucket_layout(dense, bucket_bytes))
 
 
 def dense_parameters(cfg: Config, n_items: int, max_len: int) -> int:

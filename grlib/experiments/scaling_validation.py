@@ -16,6 +16,10 @@ averaged (predicted_step_ms_no_jitter: without). Two comparisons, each with its 
     as measured  compute fitted to the raw solo compute, the staggered link fit (a collective whose
                  peer is asleep inside it: the transfer plus a wake-up, on the loaded machine); vs the
                  raw walls, other jobs' share of the cores included
+
+The overlap schedule is modelled as prefetch with its bucketed all-reduce on a stream of its own
+(Setup.overlap_allreduce, the measured layout's bucket count): gloo runs an async all-reduce on its
+own threads while the main thread goes on with backward.
 """
 from __future__ import annotations
 
@@ -90,6 +94,13 @@ def _jittered(loads: list[StepLoad], eps: np.ndarray, rng: np.random.Generator) 
     return [dataclasses.replace(ld, compute=ld.compute * (1 + rng.choice(eps, ld.ranks))[None, :]) for ld in loads]
 
 
+def model_setup(schedule: str, k: int, spec: measured.PairSpec, buckets: int) -> Setup:
+    """The modelled setup of a measured schedule: overlap = prefetch + the bucketed all-reduce."""
+    if schedule == "overlap":
+        return Setup("prefetch", 0, spec.items, overlap_allreduce=True, buckets=buckets)
+    return Setup(schedule, k, spec.items)
+
+
 def validation(cfg: Config, ab: ScalingAblation, spec: measured.PairSpec, two: list[dict], spans: list[dict],
                layer: QuadraticCost) -> list[dict]:
     """One row per schedule: measured and predicted step, error, utilisation, every input's parameters."""
@@ -124,6 +135,8 @@ def validation(cfg: Config, ab: ScalingAblation, spec: measured.PairSpec, two: l
     machines = links(two)
     for _, params in machines.values():
         fixed.update(params)
+    buckets = measured.dense_buckets(cfg, data.n_items, ab.pair_max_len, spec.bucket_bytes)
+    fixed["overlap_buckets"] = buckets
     rows = []
     df_all = pl.DataFrame(spans)
     for schedule in dict.fromkeys(df_all["schedule"].to_list()):
@@ -134,7 +147,8 @@ def validation(cfg: Config, ab: ScalingAblation, spec: measured.PairSpec, two: l
                "steps": got["steps"], "rounds": got["rounds"], "rq_wait_ms": got["rq_wait_ms"],
                "cpu_ms": got["cpu_ms"], "solo_cpu_ms": solo_cpu}
         for kind, (_, _, suffix) in KINDS.items():
-            setup, machine = Setup(schedule, k, spec.items), machines[kind][0]
+            setup, machine = model_setup(schedule, k, spec, buckets), machines[kind][0]
+            machine = dataclasses.replace(machine, streams=setup.overlap_allreduce)
             out = simulate(setup, machine, models[kind], warm=ab.warm_steps)
             plain = 1e3 * float(np.median(out.step_s[:ab.pair_steps]))
             draws = [simulate(setup, machine, _jittered(models[kind], spreads[kind], np.random.default_rng([d, k])),
