@@ -182,3 +182,19 @@ def test_train_command_runs_the_overlap_schedule(tmp_path, isolated_outputs, cap
                  f"dist.bucket_bytes={SMALL}", "--max-steps", "3"]) == 2
     lines = capsys.readouterr().err.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: dist.bucket_bytes: "), lines
+
+
+def test_the_scaling_stage_measures_and_models_the_overlap_schedule():
+    """Its 2-rank runs train `overlap` with the spec's buckets; the pipeline model takes it as prefetch
+    with the bucketed all-reduce beside backward (grlib.sim.pipeline.Setup.overlap_allreduce)."""
+    from grlib.experiments.scaling_measured import PairSpec, dense_buckets, dist_config
+    from grlib.experiments.scaling_validation import model_setup
+
+    spec = PairSpec(8, 64, 2, 1, 1, (("sync", 0), ("overlap", 0)), "kk", "flat", 2, (1024,), 1)
+    assert dist_config(spec, 2, "overlap", 0).bucket_bytes == spec.bucket_bytes < BUCKET_BYTES
+    assert dist_config(spec, 2, "sync", 0).bucket_bytes == BUCKET_BYTES
+    setup = model_setup("overlap", 0, spec, 5)
+    assert (setup.schedule, setup.overlap_allreduce, setup.buckets) == ("prefetch", True, 5)
+    assert not model_setup("sync", 0, spec, 5).overlap_allreduce
+    cfg = load_config("laptop")
+    assert dense_buckets(cfg, 1000, 64, spec.bucket_bytes) > 1  # something to overlap at the stage's scale

@@ -47,7 +47,7 @@ class PairSpec:
     solo_steps: int
     gloo_sizes: tuple[int, ...]
     gloo_repeats: int
-    # the overlap schedule's buckets: the laptop model's 2.8 MiB of dense gradients in 6 (torch DDP's
+    # the overlap schedule's buckets: the laptop model's 2.8 MiB of dense gradients in 5 (torch DDP's
     # 25 MiB would make one bucket, all-reduced after backward: nothing to overlap)
     bucket_bytes: int = 2**19
 
