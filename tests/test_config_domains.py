@@ -21,7 +21,7 @@ from grlib.config import (ABLATIONS, SECTIONS, ConfigError, DistConfig, choices,
                           read_params, scale_names)
 from grlib.config.fields import CHECKED_BY_SECTION, FLAG, rule_of
 
-CLASSES = {**SECTIONS, "dist": DistConfig, **{f"ablations.{n}": c for n, c in ABLATIONS.items()}}
+CLASSES = {**SECTIONS, **{f"ablations.{n}": c for n, c in ABLATIONS.items()}}
 NO_BAD_VALUES = (FLAG, CHECKED_BY_SECTION)  # true/false are typed already; overrides are checked as configs
 
 
@@ -117,17 +117,12 @@ def test_every_scale_and_every_ablation_grid_lies_inside_the_domains():
 def test_the_first_value_outside_each_numeric_field_is_refused(key, capsys):
     prefix, name = key.rsplit(".", 1)
     bad = BOUNDARY[key]
-    if prefix == "dist":
-        with pytest.raises(ConfigError) as err:
-            DistConfig(**{name: tuple(bad) if name == "quadratic" else bad})
-        assert str(err.value).startswith(f"dist.{name}: ") and "\n" not in str(err.value)
-        return
     assert main(["config", "--scale", "smoke", "-o", f"{key}={_yaml(bad)}"]) == 2
     line = _one_error_line(capsys)
     assert line.startswith(f"error: {key}: "), line
 
 
-@pytest.mark.parametrize("prefix,name,bad", [w for w in WALK if not w[0].startswith(("ablations.", "dist"))],
+@pytest.mark.parametrize("prefix,name,bad", [w for w in WALK if not w[0].startswith("ablations.")],
                          ids=lambda v: _yaml(v) if not isinstance(v, str) else v)
 def test_every_section_field_refuses_each_out_of_domain_value_at_the_cli(prefix, name, bad, capsys):
     """`python -m grlib config -o FIELD=VALUE` (the loader train, bench and the notebooks share)."""
@@ -137,14 +132,11 @@ def test_every_section_field_refuses_each_out_of_domain_value_at_the_cli(prefix,
     assert line == f"error: {prefix}.{name}: {rule.error(bad)}", line
 
 
-@pytest.mark.parametrize("prefix,name,bad", [w for w in WALK if w[0].startswith(("ablations.", "dist"))],
+@pytest.mark.parametrize("prefix,name,bad", [w for w in WALK if w[0].startswith("ablations.")],
                          ids=lambda v: _yaml(v) if not isinstance(v, str) else v)
-def test_every_run_option_and_grid_field_refuses_each_out_of_domain_value(prefix, name, bad):
+def test_every_grid_field_refuses_each_out_of_domain_value(prefix, name, bad):
     with pytest.raises(ConfigError) as err:
-        if prefix == "dist":
-            DistConfig(**{name: tuple(bad) if name == "quadratic" else bad})
-        else:
-            load_ablation(prefix.split(".", 1)[1], {name: bad})
+        load_ablation(prefix.split(".", 1)[1], {name: bad})
     assert str(err.value).startswith(f"{prefix}.{name}: ") and "\n" not in str(err.value), err.value
 
 
@@ -168,7 +160,8 @@ def test_cross_field_and_special_values_are_one_line(overrides, message, capsys)
     ({"world": 4, "nodes": 3}, "dist.nodes: must divide dist.world=4"),
     ({"staleness": 2}, "dist.staleness: must be 0 unless dist.schedule='semisync'"),
     ({"dedup": "node"}, "dist.dedup: 'node' de-duplicates inside the two-stage exchange"),
-    ({"cost": "quadratic"}, "dist.quadratic: needs (c0, a, b) exactly when dist.cost is 'quadratic'"),
+    ({"quadratic": (1.0, 2.0, 3.0)}, "dist.quadratic: (c0, a, b) of dist.cost='quadratic' (empty: calibrated"),
+    ({"cost": "quadratic", "quadratic": (1.0, 2.0)}, "dist.quadratic: (c0, a, b) of dist.cost='quadratic'"),
     ({"world": "2"}, "dist.world: must be >= 1, got '2'"),  # built directly (a notebook): the type too
 ])
 def test_run_options_cross_checks(kwargs, message):

@@ -191,14 +191,11 @@ def test_a_rank_killed_mid_training_ends_the_run_with_an_error_naming_it(tmp_pat
 
 
 def test_cost_quadratic_is_calibrated_by_the_launcher_and_refused_under_torchrun(capsys):
-    import argparse
-
     from grlib.cli.train import _dist_config
     from grlib.config import ConfigError, load_config
 
-    args = argparse.Namespace(backend="auto", balance="kk", cost="quadratic", schedule="prefetch", staleness=0,
-                              items="replicated", dedup="rank")
-    dc = _dist_config(args, 2, 1, load_config("smoke", {"model.name": "hstu"}))
+    cfg = load_config("smoke", {"model.name": "hstu", "dist.world": 2, "dist.balance": "kk", "dist.cost": "quadratic"})
+    dc = _dist_config(cfg)
     assert dc.cost == "quadratic" and len(dc.quadratic) == 3 and all(c >= 0 for c in dc.quadratic)
     from grlib.distributed.cost import QuadraticCost
 
@@ -206,4 +203,46 @@ def test_cost_quadratic_is_calibrated_by_the_launcher_and_refused_under_torchrun
     assert long > short  # a layer's pass over a longer sequence takes longer
     assert "--cost quadratic: calibrated" in capsys.readouterr().err
     with pytest.raises(ConfigError, match="torchrun"):
-        _dist_config(args, 2, 1)
+        _dist_config(cfg, launcher=False)
+    given = cfg.replace({"dist.quadratic": [1e-4, 2e-6, 3e-8]})  # -o dist.quadratic=[c0,a,b]: read, not timed
+    assert _dist_config(given, launcher=False).quadratic == (1e-4, 2e-6, 3e-8)
+
+
+class _Launched(Exception):
+    pass
+
+
+@pytest.mark.parametrize("argv", [["--world", "2", "--balance", "kk", "--schedule", "sync"],
+                                  ["-o", "dist.world=2", "-o", "dist.balance=kk", "-o", "dist.schedule=sync"],
+                                  ["--world", "2", "-o", "dist.balance=kk", "--schedule", "sync"]])
+def test_the_dist_section_is_set_by_o_and_by_the_flags_alike(monkeypatch, argv):
+    """train's data-parallel flags are shorthands of the `dist` section's fields: the ranks get the same
+    DistConfig (and the config its fields) either way."""
+    import importlib
+
+    from grlib.cli import main
+
+    seen = {}
+
+    def fake_launch(fn, world, **kw):
+        seen["world"], (cfg, _, dc, *_rest) = world, kw["args"]
+        seen["dc"], seen["cfg_dist"] = dc, cfg.dist
+        raise _Launched
+
+    monkeypatch.setattr(importlib.import_module("grlib.distributed.launch"), "launch", fake_launch)
+    monkeypatch.setattr(importlib.import_module("grlib.data.catalog"), "load_dataset", lambda cfg, name: None)
+    with pytest.raises(_Launched):
+        main(["train", "--scale", "smoke", *argv])
+    assert seen["world"] == 2 and seen["dc"] == seen["cfg_dist"]
+    assert (seen["dc"].world, seen["dc"].balance, seen["dc"].schedule) == (2, "kk", "sync")
+
+
+@pytest.mark.parametrize("argv,named", [(["-o", "dist.balance=kk"], "-o dist.balance=kk"),
+                                        (["-o", "dist.quadratic=[1,2,3]"], "-o dist.quadratic=[1, 2, 3]"),
+                                        (["--balance", "lpt", "-o", "dist.balance=kk"], "disagree")])
+def test_dist_settings_one_process_would_not_read_are_refused_in_one_line(capsys, argv, named):
+    from grlib.cli import main
+
+    assert main(["train", "--scale", "smoke", *argv]) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and named in lines[0], lines

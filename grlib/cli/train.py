@@ -25,6 +25,7 @@ checkpoint is already at its last step says so in one line and writes no row.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import os
@@ -65,20 +66,20 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--json", default=None, help="write the metrics as JSON to this path")
     p.add_argument("--record", action="store_true",
                    help="append the row to the committed results/tables/ (default: results/adhoc/tables/)")
-    p.add_argument("--world", type=int_at_least(1), default=1, help="data-parallel ranks to start here (default 1)")
-    p.add_argument("--nodes", type=int_at_least(1), default=1, help="nodes the ranks act as (LOCAL_WORLD_SIZE = world / nodes)")
-    p.add_argument("--balance", default="none", choices=choices.BALANCERS,
+    p.add_argument("--world", type=int_at_least(1), default=None, help="data-parallel ranks to start here (dist.world, default 1)")
+    p.add_argument("--nodes", type=int_at_least(1), default=None, help="nodes the ranks act as (LOCAL_WORLD_SIZE = world / nodes)")
+    p.add_argument("--balance", default=None, choices=choices.BALANCERS,
                    help="how the global batch's sequences go to ranks (none: contiguous split)")
-    p.add_argument("--cost", default="flops", choices=choices.BALANCE_COSTS, help="the cost the balancer evens out")
-    p.add_argument("--backend", default="auto", choices=choices.BACKENDS, help="torch.distributed backend")
-    p.add_argument("--items", default="replicated", choices=choices.ITEM_SHARDING,
+    p.add_argument("--cost", default=None, choices=choices.BALANCE_COSTS, help="the cost the balancer evens out")
+    p.add_argument("--backend", default=None, choices=choices.BACKENDS, help="torch.distributed backend")
+    p.add_argument("--items", default=None, choices=choices.ITEM_SHARDING,
                    help="the item table on every rank, or row-sharded over ranks with a flat or two-stage all-to-all")
-    p.add_argument("--dedup", default="rank", choices=choices.ITEM_DEDUP,
+    p.add_argument("--dedup", default=None, choices=choices.ITEM_DEDUP,
                    help="sharded items: send each id once per rank, or once per node (hierarchical only)")
-    p.add_argument("--schedule", default="prefetch", choices=choices.SCHEDULES,
+    p.add_argument("--schedule", default=None, choices=choices.SCHEDULES,
                    help="sync: plan each step inline; prefetch: plan step i+1 (and its id all-to-alls) during step i; "
                         "semisync: prefetch, and input item rows looked up --staleness steps early")
-    p.add_argument("--staleness", type=int_at_least(0), default=0, help="semisync's k (0 = the rows of sync)")
+    p.add_argument("--staleness", type=int_at_least(0), default=None, help="semisync's k (0 = the rows of sync)")
     p.add_argument("--params-only", action="store_true",
                    help="only print every scale's parameter counts (meta device, no data, no training)")
     p.set_defaults(func=run_cli)
@@ -105,15 +106,17 @@ def run_cli(args: argparse.Namespace) -> int:
         overrides["train.seed"] = args.seed
     if args.max_steps is not None:
         overrides["train.max_steps"] = args.max_steps
-    cfg = load_config(args.scale, overrides)
+    given = _dist_overrides(args, overrides)
     env_world = int(os.environ.get("WORLD_SIZE", "1"))
-    if env_world > 1 or args.world > 1:
+    if env_world == 1 and overrides.get("dist.world", 1) == 1:
+        _refuse_moot_dist_settings(given)
+    cfg = load_config(args.scale, overrides)
+    if env_world > 1 or cfg.dist.world > 1:
         got = _run_ranks(args, cfg, env_world)
         if got is None:  # a rank other than 0 under torchrun: rank 0 reports
             return 0
         name, row, losses = got["dataset"], got["row"], got["losses"]
     else:
-        _refuse_moot_dist_flags(args)
         ds = load_dataset(cfg, args.dataset)
         peak = model_peak(cfg)  # measured in this run, before training, in the model's precision
         fit = fit_and_evaluate(cfg, ds, peak, checkpoint_dir=args.checkpoint_dir,
@@ -148,45 +151,66 @@ def _run_ranks(args: argparse.Namespace, cfg, env_world: int) -> dict | None:
         raise ConfigError("--world: the popularity model does no training; run it on one process")
     if env_world > 1:
         topo = Topology.from_env()
-        if args.world not in (1, env_world):
-            raise ConfigError(f"--world={args.world} but torchrun started WORLD_SIZE={env_world} ranks; "
-                              f"leave --world out under torchrun")
-        dist_cfg = _dist_config(args, env_world, topo.nodes)
+        if cfg.dist.world not in (1, env_world):
+            raise ConfigError(f"--world (dist.world) = {cfg.dist.world} but torchrun started WORLD_SIZE={env_world} "
+                              f"ranks; leave --world out under torchrun")
+        cfg = cfg.replace({"dist.world": env_world, "dist.nodes": topo.nodes})
+        dist_cfg = _dist_config(cfg, launcher=False)
         with init_runtime(topo, backend=dist_cfg.backend, timeout_s=dist_cfg.timeout_s) as runtime:
             got = fit_rank(runtime, cfg, args.dataset, dist_cfg, args.checkpoint_dir, args.checkpoint_every)
         return got if topo.rank == 0 else None
-    dist_cfg = _dist_config(args, args.world, args.nodes, cfg)
+    dist_cfg = _dist_config(cfg)
+    cfg = cfg.replace({"dist.quadratic": list(dist_cfg.quadratic)})  # the row's params_hash covers the coefficients
     load_dataset(cfg, args.dataset)  # prepared here once, before the ranks read it
     return launch(fit_rank, dist_cfg.world, nodes=dist_cfg.nodes, backend=dist_cfg.backend,
                   args=(cfg, args.dataset, dist_cfg, args.checkpoint_dir, args.checkpoint_every),
                   timeout_s=max(dist_cfg.timeout_s, 3600.0))[0]
 
 
-# the flags only data-parallel ranks read; with one process each must keep its default
-_DIST_FLAGS = ("nodes", "balance", "cost", "items", "dedup", "schedule", "staleness")
+# train's flags, each the shorthand of a dist field (--balance kk = -o dist.balance=kk)
+_DIST_FLAGS = ("world", "nodes", "backend", "balance", "cost", "items", "dedup", "schedule", "staleness")
+# the fields one process reads (the rest are read by data-parallel ranks only)
+_ONE_PROCESS_FIELDS = ("world", "backend", "timeout_s")
 
 
-def _refuse_moot_dist_flags(args: argparse.Namespace) -> None:
-    """One process trains: a data-parallel flag set away from its default would be read by nothing."""
+def _dist_overrides(args: argparse.Namespace, overrides: dict) -> dict[str, tuple[str, object]]:
+    """Adds each given flag to `overrides` as its dist.* key; -> {field: (how the user set it, value)}.
+    A flag and an -o of the same field that disagree are refused."""
+    given = {k[5:]: (f"-o {k}={v}", v) for k, v in overrides.items() if k.startswith("dist.")}
+    for flag in _DIST_FLAGS:
+        value = getattr(args, flag)
+        if value is None:
+            continue
+        key = f"dist.{flag}"
+        if key in overrides and overrides[key] != value:
+            raise ConfigError(f"--{flag}={value} and -o {key}={overrides[key]} disagree; give one of them")
+        overrides[key], given[flag] = value, (f"--{flag}={value}", value)
+    return given
+
+
+def _refuse_moot_dist_settings(given: dict[str, tuple[str, object]]) -> None:
+    """One process trains: a data-parallel setting given away from its default would be read by nothing."""
     default = DistConfig()
-    moot = [f"--{f}={getattr(args, f)}" for f in _DIST_FLAGS if getattr(args, f) != getattr(default, f)]
+    norm = lambda v: tuple(v) if isinstance(v, list) else v  # noqa: E731  (YAML lists, tuple fields)
+    moot = [how for name, (how, value) in given.items()
+            if name not in _ONE_PROCESS_FIELDS and norm(value) != getattr(default, name, None)]
     if moot:
-        raise ConfigError(f"{' '.join(moot)}: only data-parallel ranks read "
-                          f"{'it' if len(moot) == 1 else 'them'}, and --world is 1 (one process); "
-                          f"start N ranks with --world N, or leave {'it' if len(moot) == 1 else 'them'} out")
+        it = "it" if len(moot) == 1 else "them"
+        raise ConfigError(f"{' '.join(moot)}: only data-parallel ranks read {it}, and --world is 1 (dist.world: one "
+                          f"process); start N ranks with --world N, or leave {it} out")
 
 
-def _dist_config(args: argparse.Namespace, world: int, nodes: int, cfg=None) -> DistConfig:
-    """--cost quadratic: its (c0, a, b) calibrated here first (one HSTU layer of cfg.model, timed)."""
-    quadratic = ()
-    if args.cost == "quadratic":
-        if cfg is None:  # each torchrun rank would time its own coefficients, and the ranks plan alike only on equal ones
-            raise ConfigError("--cost quadratic: calibrated by the launching process; under torchrun use "
-                              "--cost flops or tokens, or start the ranks here with --world N")
-        quadratic = _calibrate_quadratic(cfg)
-    return DistConfig(world=world, nodes=nodes, backend=args.backend, balance=args.balance, cost=args.cost,
-                      quadratic=quadratic, schedule=args.schedule, staleness=args.staleness, items=args.items,
-                      dedup=args.dedup)
+def _dist_config(cfg, launcher: bool = True) -> DistConfig:
+    """cfg.dist, with dist.cost 'quadratic' and no coefficients given calibrated here first (one HSTU
+    layer of cfg.model, timed) by the launching process."""
+    dc = cfg.dist
+    if dc.cost == "quadratic" and not dc.quadratic:
+        if not launcher:  # each torchrun rank would time its own coefficients, and the ranks plan alike only on equal ones
+            raise ConfigError("--cost quadratic: calibrated by the launching process; under torchrun give "
+                              "-o dist.quadratic=[c0,a,b], use --cost flops or tokens, or start the ranks here "
+                              "with --world N")
+        dc = dataclasses.replace(dc, quadratic=_calibrate_quadratic(cfg))
+    return dc
 
 
 def _calibrate_quadratic(cfg) -> tuple[float, float, float]:

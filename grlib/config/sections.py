@@ -126,8 +126,9 @@ class KernelsConfig:
 
 @dataclass(frozen=True)
 class DistConfig:
-    """How one training run spreads over processes (grlib.distributed). Not a section of a scale: the
-    same model trains on 1 or N ranks (grlib.distributed.data_parallel), so these are run options."""
+    """The `dist` section: how one training run spreads over processes (grlib.distributed). The same
+    model trains on 1 or N ranks (grlib.distributed.data_parallel); `-o dist.balance=kk` or train's
+    flags (--world, --balance, ...) set it, and one process refuses every field it would not read."""
 
     world: int = param(1, at_least(1))  # ranks in all
     nodes: int = param(1, at_least(1))  # world = nodes x ranks per node
@@ -135,7 +136,7 @@ class DistConfig:
     balance: str = param("none", choice(choices.BALANCERS))  # how the global batch's sequences go to ranks
     equal_counts: bool = param(True, FLAG)  # every rank gets B // P or B // P + 1 sequences
     cost: str = param("flops", choice(choices.BALANCE_COSTS))  # the per-sequence cost the balancer evens out
-    # cost "quadratic": (c0, a, b) of c0 + a*s + b*s^2 (grlib.distributed.cost)
+    # cost "quadratic": (c0, a, b) of c0 + a*s + b*s^2 (grlib.distributed.cost); empty: calibrated at launch
     quadratic: tuple[float, ...] = param((), each(real(), 0))
     # sync | prefetch (step i+1 planned during step i) | semisync | overlap (prefetch + bucketed all-reduce)
     schedule: str = param("prefetch", choice(choices.SCHEDULES))
@@ -157,8 +158,9 @@ class DistConfig:
               f"is read by dist.schedule='overlap' only; got {self.bucket_bytes} with {self.schedule!r}")
         check(self.dedup != "node" or self.items == "hierarchical", "dist.dedup",
               f"'node' de-duplicates inside the two-stage exchange: needs dist.items='hierarchical', got {self.items!r}")
-        check((self.cost == "quadratic") == (len(self.quadratic) == 3), "dist.quadratic",
-              f"needs (c0, a, b) exactly when dist.cost is 'quadratic', got {self.quadratic} with cost {self.cost!r}")
+        check(len(self.quadratic) in (0, 3) and (not self.quadratic or self.cost == "quadratic"), "dist.quadratic",
+              f"(c0, a, b) of dist.cost='quadratic' (empty: calibrated when the run starts), "
+              f"got {self.quadratic} with cost {self.cost!r}")
 
 
 @dataclass(frozen=True)
@@ -171,6 +173,7 @@ class Config:
     train: TrainConfig = field(default_factory=TrainConfig)
     negatives: NegativesConfig = field(default_factory=NegativesConfig)
     kernels: KernelsConfig = field(default_factory=KernelsConfig)
+    dist: DistConfig = field(default_factory=DistConfig)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -186,7 +189,6 @@ class Config:
 
 
 SECTIONS: dict[str, type] = {name: typ for name, typ in typing.get_type_hints(Config).items() if name != "scale"}
-# DistConfig is not among them: it is a run option (grlib.cli.train's --world, --balance, ...)
 
 
 def with_sections(cfg: Config, values: dict[str, Any]) -> Config:

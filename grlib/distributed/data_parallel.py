@@ -69,6 +69,9 @@ def cost_function(cfg: DistConfig, model: ModelConfig) -> Callable[[np.ndarray],
     if cfg.cost == "flops":
         return FlopsCost(model)
     if cfg.cost == "quadratic":
+        if len(cfg.quadratic) != 3:
+            raise ValueError("dist.quadratic: cost 'quadratic' needs its (c0, a, b), calibrated by the launching "
+                             "process (python -m grlib train) or given with -o dist.quadratic=[c0,a,b]")
         return QuadraticCost(*cfg.quadratic)
     raise ValueError(f"dist.cost must be 'flops', 'tokens' or 'quadratic', got {cfg.cost!r}")
 
