@@ -1,13 +1,9 @@
 """grlib: jagged HSTU kernels, training and negatives (see README.md and docs/ARCHITECTURE.md).
 
-The OpenMP wait policy is set here, before torch (and with it libgomp) loads: grlib.threads.
+The OpenMP wait policy is set here, before torch (and with it libgomp) loads, and torch's thread
+count when it loads (grlib.threads). Importing grlib does not import torch.
 """
 from grlib import threads
 
 threads.configure_environment()
-
-import torch  # noqa: E402  (after the OpenMP environment is set)
-
-threads.apply_thread_count()
-
-del torch
+threads.when_torch_loads()

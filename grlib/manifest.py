@@ -6,11 +6,14 @@ import importlib.metadata
 import os
 import platform
 import subprocess
+from typing import TYPE_CHECKING
 
 import psutil
-import torch
 
 from grlib import paths
+
+if TYPE_CHECKING:
+    import torch
 
 
 def _cpu_model() -> str:
@@ -32,6 +35,8 @@ def _version(package: str) -> str:
 
 
 def device_name(device: str | torch.device = "cpu") -> str:
+    import torch
+
     device = torch.device(device)
     if device.type == "cuda":
         return torch.cuda.get_device_name(device)
@@ -42,6 +47,8 @@ def device_name(device: str | torch.device = "cpu") -> str:
 def hardware(device: str = "cpu") -> dict[str, str | int]:
     """cpu, cores, threads, torch / fbgemm versions, device, and the process layout (world: ranks in
     all, local_world: ranks per node; 1 and 1 for one process) from torchrun's environment."""
+    import torch  # here, not at module level: result writers import this module, --help imports them
+
     fbgemm = _version("fbgemm-gpu-cpu")
     if fbgemm == "absent":
         fbgemm = _version("fbgemm-gpu")

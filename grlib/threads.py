@@ -54,6 +54,8 @@ If libgomp was loaded before grlib (torch imported first), the policy cannot be 
 """
 from __future__ import annotations
 
+import importlib.abc
+import importlib.util
 import math
 import os
 import sys
@@ -163,7 +165,7 @@ def cores_available() -> int:
 
 def apply_thread_count() -> None:
     """Sets torch's intra-op threads: GRLIB_THREADS, else (when OMP_NUM_THREADS / MKL_NUM_THREADS are
-    unset) torch's default bounded by cores_available(). grlib/__init__ calls it after importing torch."""
+    unset) torch's default bounded by cores_available(). Runs when torch has loaded (when_torch_loads)."""
     import torch
 
     n = _threads_from_env()
@@ -171,6 +173,37 @@ def apply_thread_count() -> None:
         n = min(torch.get_num_threads(), cores_available())
     if n is not None and n != torch.get_num_threads():
         torch.set_num_threads(n)
+
+
+class _AfterTorch(importlib.abc.MetaPathFinder):
+    """Finds nothing itself: when `import torch` first looks for torch, it takes torch's own spec
+    and runs apply_thread_count() right after torch's module has executed, then leaves sys.meta_path."""
+
+    def find_spec(self, name, path=None, target=None):
+        if name != "torch":
+            return None
+        sys.meta_path.remove(self)
+        spec = importlib.util.find_spec("torch")
+        if spec is not None and spec.loader is not None and hasattr(spec.loader, "exec_module"):
+            exec_module = spec.loader.exec_module
+
+            def exec_then_apply(module) -> None:
+                exec_module(module)
+                apply_thread_count()
+
+            spec.loader.exec_module = exec_then_apply  # this spec's own loader instance
+        return spec
+
+
+def when_torch_loads() -> None:
+    """apply_thread_count() now if torch is loaded, else as soon as something imports it: grlib's
+    import does not load torch (a command's --help answers without it; tests/test_cli_startup.py).
+    A bad GRLIB_THREADS is refused here, at grlib's import, not when torch loads later."""
+    _threads_from_env()
+    if "torch" in sys.modules:
+        apply_thread_count()
+    elif not any(isinstance(f, _AfterTorch) for f in sys.meta_path):
+        sys.meta_path.insert(0, _AfterTorch())
 
 
 def policy() -> dict[str, str | int]:

@@ -1,11 +1,11 @@
-"""`--help` of every command, and `config`, import no more than that command needs: no altair, no
-grlib.experiments, and no bench module but the one named (grlib.bench imports a bench's module when
+"""`--help` of every command, and `config`, import no more than that command needs: no torch, no
+altair, no grlib.experiments, and no bench module but the one named (grlib.bench imports a bench's module when
 the command line names it, and the module its stage inside `run`).
 
 The modules a command imported are read from its process's sys.modules at exit (-X importtime's log
 misses what importlib.import_module loads, as grlib.bench does), and a forbidden one is reported with
-the import chain that log shows. One `python -X importtime` process imports grlib (torch, which
-every command imports first) and forks a child per command, which runs `python -m grlib ARGS`
+the import chain that log shows. One `python -X importtime` process imports grlib (which every
+command imports first; it loads no torch) and forks a child per command, which runs `python -m grlib ARGS`
 (runpy): 17 fresh interpreters would add a minute to `make test`. Two commands also run in a fresh
 interpreter each, and must import the same grlib modules as their forked run. Nothing here times
 anything: how long a `--help` takes is measured by hand (`python -X importtime -m grlib --help`,
@@ -36,7 +36,7 @@ FRESH = [["--help"], ["bench", "train", "--help"]]
 # {"args", "status", "modules" (the child's sys.modules at exit), "stderr"}.
 DRIVER = r"""
 import json, os, runpy, sys, tempfile
-import grlib  # noqa: F401  (torch: what every command imports first)
+import grlib  # noqa: F401  (what every command imports first)
 
 for args in json.loads(sys.argv[1]):
     out = tempfile.TemporaryFile("w+")
@@ -76,7 +76,7 @@ runpy.run_module("grlib", run_name="__main__", alter_sys=True)
 def forbidden(modules: list[str], bench: str | None) -> list[str]:
     """The modules that a command running `bench` (None: no bench) must not import."""
     allowed = {BENCHES[bench]} if bench else set()
-    return [m for m in modules if m.split(".")[0] == "altair" or m == "grlib.experiments"
+    return [m for m in modules if m.split(".")[0] in ("altair", "torch") or m == "grlib.experiments"
             or m.startswith("grlib.experiments.") or (m in BENCHES.values() and m not in allowed)]
 
 
@@ -107,7 +107,7 @@ def problems(args: list[str], status, modules: list[str], importtime: str) -> li
     if "grlib.cli" not in modules or (bench and BENCHES[bench] not in modules):
         return [f"{command} did not import grlib.cli and the bench it names"]
     return [f"{command} imports {chain(importtime, m)}" for m in forbidden(modules, bench)
-            if not m.startswith("altair.")]  # altair's own submodules add nothing to `altair`
+            if not m.startswith(("altair.", "torch."))]  # their own submodules add nothing to `altair`, `torch`
 
 
 def _env() -> dict[str, str]:
@@ -148,6 +148,7 @@ def test_the_checks_catch_planted_imports():
                       "grlib.experiments", "grlib.experiments.measure"], "train") == [
         "grlib.bench.ops", "altair", "altair.vegalite", "grlib.experiments", "grlib.experiments.measure"]
     assert forbidden(["grlib.bench.train"], None) == ["grlib.bench.train"]
+    assert forbidden(["grlib.bench.train", "torch", "torch.nn", "torchrec"], "train") == ["torch", "torch.nn"]
     log = ("import time: self [us] | cumulative | imported package\n"
            "import time:       10 |         10 |       altair.utils\n"
            "import time:       10 |         20 |     altair\n"

@@ -1,17 +1,23 @@
 """Shared benchmark helpers: table printing, argument types and the thread settings every bench
-row records (grlib.threads); timing and KuaiRand-like lengths: grlib.experiments.measure."""
+row records (grlib.threads); timing and KuaiRand-like lengths: grlib.experiments.measure.
+polars and torch are imported where they are used: a bench's parser imports this module, and
+`bench NAME --help` answers without them (tests/test_cli_startup.py)."""
 from __future__ import annotations
 
 import argparse
 from collections.abc import Callable, Sequence
-
-import polars as pl
-import torch
+from typing import TYPE_CHECKING
 
 from grlib import threads
 from grlib.config import load_ablation
 
+if TYPE_CHECKING:
+    import polars as pl
+
+
 def print_table(rows: list[dict], title: str) -> pl.DataFrame:
+    import polars as pl
+
     df = pl.DataFrame(rows)
     with pl.Config(tbl_rows=-1, tbl_cols=-1, tbl_width_chars=200, float_precision=3):
         print(f"\n{title}\n{df}")
@@ -32,6 +38,8 @@ def positive_int(text: str) -> int:
 def set_threads(n: int | None) -> None:
     """torch's intra-op threads for this bench (a --threads flag); None keeps grlib's choice (grlib.threads)."""
     if n is not None:
+        import torch
+
         torch.set_num_threads(n)
 
 

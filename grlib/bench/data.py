@@ -36,7 +36,6 @@ from pathlib import Path
 from grlib import results
 from grlib.bench.common import positive_int, print_table
 from grlib.config import config_from_args
-from grlib.data.preprocess import PART_BYTES_PER_ROW
 
 KUAIRAND_27K_ROWS, KUAIRAND_27K_VIDEOS = 322_278_385, 32_038_725
 VOCAB_BYTES_PER_VIDEO = 28  # count array 8 + lookup 4 + vocab frame (video_id 8, count 4, item_id 4)
@@ -121,6 +120,7 @@ def measure(method: str, csv: Path, work: Path, max_len: int, bucket_rows: int) 
 
 
 def run(args: argparse.Namespace) -> list[dict]:
+    from grlib.data.preprocess import PART_BYTES_PER_ROW
     from grlib.data.synthetic import write_log_csv
 
     if args.rank_share:

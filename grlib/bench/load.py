@@ -37,15 +37,13 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import psutil
-import torch
 
-from grlib import perf, results, threads
+from grlib import results, threads
 from grlib.bench.common import positive_int, print_table
 from grlib.config import config_from_args, load_config, parse_overrides
-from grlib.data.catalog import load_dataset
-from grlib.model import build_model
-from grlib.train import train
-from grlib.train.step import PHASES
+
+# torch and the trainer are imported in the functions that run them (the child's): the parser
+# imports this module, and `bench load --help` answers without torch (tests/test_cli_startup.py)
 
 HOG_MARKER = "grlib-bench-load-hog"
 # Busy work that ends after argv[1] seconds, or as soon as the process that started it is gone; it
@@ -115,7 +113,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help=f"comma-separated OpenMP wait policies, each in a fresh process ({', '.join(POLICY_CHOICES)})")
     p.add_argument("--threads", type=positive_int, nargs="+", default=None,
                    help="torch threads to measure each policy with (default: grlib's, see grlib.threads)")
-    p.add_argument("--peak-sizes", type=positive_int, nargs="+", default=list(perf.PEAK_SIZES),
+    p.add_argument("--peak-sizes", type=positive_int, nargs="+", default=None,
                    help="square GEMM sizes of the peak measurement")
 
 
@@ -162,13 +160,16 @@ def cpu_hogs(n: int, seconds: float, kind: str = "python") -> Iterator[Hogs]:
 
 
 def run(args: argparse.Namespace) -> list[dict]:
+    from grlib.data.catalog import load_dataset
+    from grlib.hardware import PEAK_SIZES
+
     overrides = {**parse_overrides(args.override), "model.name": "hstu"}  # the children rebuild cfg from these
     cfg = config_from_args(args, overrides)
     load_dataset(cfg, "scale")  # prepared once here, not by every child at once
     mine = {"wait_policy": threads.inherited_policy(), "threads": threads.policy()["threads"]}
     spec = {"scale": cfg.scale, "overrides": overrides, "steps": args.steps, "warmup": args.warmup,
             "hogs": args.hogs, "hog_kind": args.hog_kind, "hog_seconds": args.hog_seconds,
-            "peak_sizes": args.peak_sizes}
+            "peak_sizes": args.peak_sizes or list(PEAK_SIZES)}
     rows = []
     with tempfile.TemporaryDirectory(prefix="grlib-bench-load-") as tmp:
         for policy in args.policies:
@@ -225,6 +226,9 @@ def _run_child(spec: dict, tmp: Path) -> list[dict]:
 
 def _measure(spec: dict) -> list[dict]:
     """In the child: the quiet, then the loaded condition, each peak / steps / peak."""
+    from grlib import perf
+    from grlib.data.catalog import load_dataset
+
     got = threads.policy()
     if (got["wait_policy"].split("+")[0], got["threads"]) != (spec["policy"], spec["threads"]):
         raise RuntimeError(f"bench load child runs with {got}, asked for {spec['policy']}, {spec['threads']} threads")
@@ -259,6 +263,12 @@ def _measure(spec: dict) -> list[dict]:
 
 def _train_steps(cfg, data, n: int) -> list[dict]:
     """The per-step timeline of `n` steps of the trainer (a fresh model seeded by train.seed, no validation)."""
+    import torch
+
+    from grlib import perf
+    from grlib.model import build_model
+    from grlib.train import train
+
     epochs = math.ceil(n / data.n_train_batches(cfg.train.batch_size))
     train_cfg = dataclasses.replace(cfg.train, max_steps=n, epochs=epochs)
     torch.manual_seed(train_cfg.seed)
@@ -271,6 +281,8 @@ def _train_steps(cfg, data, n: int) -> list[dict]:
 
 
 def _step_seconds(record: dict) -> float:
+    from grlib.train.step import PHASES
+
     return sum(record[f"{p}_s"] for p in PHASES)
 
 

@@ -6,12 +6,14 @@ the same run; rows go to results/tables/bench_ops.parquet.
 from __future__ import annotations
 
 import argparse
+from typing import TYPE_CHECKING
 
-import torch
-
-from grlib import ops, results
+from grlib import results
 from grlib.bench.common import print_table
 from grlib.config import config_from_args
+
+if TYPE_CHECKING:  # torch and grlib.ops are imported in run: `bench ops --help` answers without them
+    import torch
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -22,6 +24,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _cases(values: torch.Tensor, offsets: torch.Tensor, max_len: int):
+    from grlib import ops
+
     return {
         "jagged_to_padded": lambda impl: ops.jagged_to_padded(values, offsets, max_len, impl=impl),
         "segment_sum": lambda impl: ops.segment_sum(values, offsets, impl=impl),
@@ -29,6 +33,9 @@ def _cases(values: torch.Tensor, offsets: torch.Tensor, max_len: int):
 
 
 def run(args: argparse.Namespace) -> list[dict]:
+    import torch
+
+    from grlib import ops
     from grlib.experiments.measure import kuairand_lengths, median_ms
 
     cfg = config_from_args(args)

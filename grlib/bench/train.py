@@ -37,23 +37,13 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
-import time
-from contextlib import closing
 
-import numpy as np
-import torch
-from torch import nn
-
-from grlib import hardware, ops, perf, results, threads
 from grlib.bench.common import positive_int, print_table, set_threads, thread_columns
 from grlib.config import config_from_args
 from grlib.config.choices import MODEL_PRECISIONS
-from grlib.data.catalog import load_dataset
-from grlib.fit import assemble
-from grlib.model import build_model, parameter_count
-from grlib.model.hstu import COMPUTE_DTYPES
-from grlib.ops import registry
-from grlib.train.step import PHASES
+
+# torch, the model and the timing (grlib.bench.train_steps) are imported in run: `bench train --help`
+# answers without them (tests/test_cli_startup.py)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -69,126 +59,34 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="torch threads (default: grlib's, see grlib.threads)")
 
 
-def _batches(cfg, n: int):
-    data = load_dataset(cfg, "scale").data
-    it = data.train_batches(cfg.train.batch_size, cfg.data.max_len, np.random.default_rng(cfg.train.seed))
-    batches = []
-    while len(batches) < n:
-        batch = next(it, None)
-        if batch is None:
-            it = data.train_batches(cfg.train.batch_size, cfg.data.max_len, np.random.default_rng(len(batches)))
-            continue
-        batches.append(batch)
-    return data, batches
-
-
-class PlainCompiled(nn.Module):
-    """The model under torch.compile, every grlib op on its PyTorch reference (traced inside
-    ops.registry.preferring("reference")); `embed` is the model's item table, as TrainStep expects."""
-
-    def __init__(self, model: nn.Module):
-        super().__init__()
-        self.inner, self.compiled = model, torch.compile(model, dynamic=True)
-
-    @property
-    def embed(self) -> nn.Module:
-        return self.inner.embed
-
-    def forward(self, batch):
-        with registry.preferring("reference"):
-            return self.compiled(batch)
-
-
-def _build_schedule(cfg, data, compiled: bool = False):
-    """The trainer's schedule (grlib.fit.assemble: negative path, optimizers, step) around a fresh model."""
-    torch.manual_seed(cfg.train.seed)
-    model = build_model(cfg.model, data.n_items, cfg.data.max_len)
-    model.train()
-    model = PlainCompiled(model) if compiled else model
-    return assemble(model, data, cfg.train, cfg.negatives)
-
-
-def _time_steps(cfg, data, batches, warmup: int, compiled: bool = False) -> tuple[list[dict], float]:
-    """Per timed step: tokens, FLOPs, phase seconds, on-CPU seconds; and the warm-up steps' wall seconds."""
-    schedule, threads_now = _build_schedule(cfg, data, compiled), torch.get_num_threads()
-    records, warmup_s = [], 0.0
-    with closing(schedule.run(batches)) as steps:
-        wall, cpu = time.perf_counter(), time.process_time()
-        for i, out in enumerate(steps):
-            wall, cpu, dw, dc = time.perf_counter(), time.process_time(), time.perf_counter() - wall, \
-                time.process_time() - cpu
-            if i < warmup:
-                warmup_s += dw
-                continue
-            P = int((out.batch.targets > 0).sum())
-            records.append({"tokens": out.batch.item_ids.numel(), "on_cpu_s": min(dw, dc / threads_now),
-                            "flops": perf.batch_flops(out.batch.offsets, cfg.model),
-                            "loss_flops": perf.loss_flops(P, cfg.negatives.n_negatives, cfg.model.d_model),
-                            **{f"{p}_s": out.seconds[p] for p in PHASES if p != "data"}})
-    return records, warmup_s
-
-
-def _projection_rate(T: int, d: int, dtype: torch.dtype = torch.float32, repeats: int = 5) -> float:
-    """FLOP/s of the layer's projection GEMMs at this batch's shape ([T, d] x [d, 4d], [T, d] x [d, d]),
-    through the model's grlib.ops.linear in `dtype`: the median on-CPU time (min(wall, process CPU
-    time / threads)) of warm repeats, as perf.measured_peak times its GEMMs."""
-    x, w1, w2 = (torch.randn(*s, dtype=dtype) for s in ((T, d), (4 * d, d), (d, d)))
-    threads_now, times = torch.get_num_threads(), []
-    for i in range(repeats + 2):
-        wall, cpu = time.perf_counter(), time.process_time()
-        ops.linear(x, w1), ops.linear(x, w2)
-        wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
-        if i >= 2:
-            times.append(min(wall, cpu / threads_now))
-    return 2 * T * d * 5 * d / statistics.median(times)
-
-
-def gemm_bound(T: int, flops: float, loss_flops: float, cfg, gemm_share: float, peak: float) -> tuple[float, float]:
-    """(ms, MFU) of a step of T tokens (flops, loss_flops per step) if nothing but its GEMMs took time:
-    HSTU's projections (2 T d 5d per layer, x3 with backward) at the rate their shapes reach alone in
-    this run (gemm_share x peak), the loss's logit GEMMs (perf.loss_flops) at the peak itself. An
-    upper bound on the step's MFU: every other op (attention, LayerNorm, dropout, SiLU, embeddings,
-    softmax, optimizer) is priced at zero."""
-    d = cfg.model.d_model
-    seconds = 3 * cfg.model.n_layers * 2 * T * 5 * d * d / (gemm_share * peak) + loss_flops / peak
-    return seconds * 1e3, perf.mfu(flops, seconds, peak)
-
-
-def top_ops(cfg, data, batches, n: int, steps: int = 3) -> list[dict]:
-    """The n ops with the most self CPU time over `steps` profiled training steps (torch.profiler)."""
-    from torch.profiler import ProfilerActivity, profile
-
-    step = _build_schedule(cfg, data).step
-    it = iter(batches)
-    step(it)  # warm
-    with profile(activities=[ProfilerActivity.CPU]) as prof:
-        for _ in range(steps):
-            step(it)
-    events = sorted(prof.key_averages(), key=lambda e: e.self_cpu_time_total, reverse=True)
-    total = sum(e.self_cpu_time_total for e in events)
-    return [{"op": e.key[:60], "self_ms_per_step": e.self_cpu_time_total / 1e3 / steps,
-             "share": e.self_cpu_time_total / total, "calls_per_step": e.count / steps} for e in events[:n]]
-
-
 def run(args: argparse.Namespace) -> list[dict]:
+    import numpy as np
+    import torch
+
+    from grlib import hardware, ops, perf, results, threads
+    from grlib.bench import train_steps as steps
+    from grlib.model import build_model, parameter_count
+    from grlib.model.hstu import COMPUTE_DTYPES
+    from grlib.train.step import PHASES
+
     set_threads(args.threads)
     cfg = config_from_args(args, {"model.name": "hstu", "model.precision": args.precision})  # -o model.d_model=512
     impls = ops.runnable("hstu_attention", "cpu") if args.impls == "all" else tuple(args.impls.split(","))
     auto = ops.choose("hstu_attention", "cpu", "auto")
     variants = [(impl, False) for impl in impls] + ([("reference", True)] if args.compile else [])
-    data, batches = _batches(cfg, max(args.warmup, 3) + args.steps)
+    data, batches = steps.batches(cfg, max(args.warmup, 3) + args.steps)
     dtype = COMPUTE_DTYPES[cfg.model.precision]
     nominal = hardware.nominal_peak(str(dtype).removeprefix("torch."), threads=torch.get_num_threads())
     T = int(np.mean([b.item_ids.numel() for b in batches]))
-    projection_before = _projection_rate(T, cfg.model.d_model, dtype)
+    projection_before = steps.projection_rate(T, cfg.model.d_model, dtype)
     with perf.measured_peak(dtype=dtype) as measured:
-        timed = {(impl, compiled): _time_steps(cfg.replace({"model.attention_impl": impl}), data, batches,
+        timed = {(impl, compiled): steps.time_steps(cfg.replace({"model.attention_impl": impl}), data, batches,
                                                max(args.warmup, 3) if compiled else args.warmup, compiled)
                  for impl, compiled in variants}
     peaks, peak = (measured.before, measured.after), measured.flops
     load = os.getloadavg()[0]
     # the projections' rate: the higher of a reading before the steps and one after (as the peak)
-    gemm = max(projection_before, _projection_rate(T, cfg.model.d_model, dtype)) / peak
+    gemm = max(projection_before, steps.projection_rate(T, cfg.model.d_model, dtype)) / peak
     count = parameter_count(build_model(cfg.model, data.n_items, cfg.data.max_len, device="meta"))
     rows, base = [], None
     for (impl, compiled), (recs, warmup_s) in timed.items():
@@ -196,7 +94,7 @@ def run(args: argparse.Namespace) -> list[dict]:
         total_s, flops, loss_flops = sum(step_s), sum(r["flops"] for r in recs), sum(r["loss_flops"] for r in recs)
         step_ms = statistics.median(step_s) * 1e3
         base = step_ms if (impl, compiled) == ("reference", False) else base
-        gemm_ms, mfu_bound = gemm_bound(T, flops / len(recs), loss_flops / len(recs), cfg, gemm, peak)
+        gemm_ms, mfu_bound = steps.gemm_bound(T, flops / len(recs), loss_flops / len(recs), cfg, gemm, peak)
         n_warm = max(args.warmup, 3) if compiled else args.warmup
         rows.append({
             "attention_impl": impl, "compiled": compiled, "auto": impl == auto and not compiled,
@@ -236,7 +134,7 @@ def run(args: argparse.Namespace) -> list[dict]:
                 f"gemm_share_of_peak, the loss's logit GEMMs at the peak); other_ms = step_ms - gemm_bound_ms\n"
                 f"The paper's 54.71% MFU compares with mfu_nominal (a nominal peak, NVIDIA's convention).")
     if args.top > 0:
-        print_table(top_ops(cfg.replace({"model.attention_impl": auto}), data, batches, args.top),
+        print_table(steps.top_ops(cfg.replace({"model.attention_impl": auto}), data, batches, args.top),
                     f"top {args.top} ops by self CPU time, attention {auto} (torch.profiler, "
                     f"per step; wall-clock based: a busy machine inflates every op alike)")
     results.append_rows("bench_train", rows, cfg)

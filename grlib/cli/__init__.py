@@ -66,18 +66,20 @@ def user_errors() -> tuple[type[BaseException], ...]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from grlib.distributed.launch import RankFailed
-    from grlib.distributed.topology import TopologyError
-
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)
-    except (*user_errors(), TopologyError) as err:
-        print(f"error: {_one_line(str(err))}", file=sys.stderr)
-        return 2
-    except RankFailed as err:  # a rank of `train --world N` failed: its traceback's tail, as it was
-        print(f"error: {err}", file=sys.stderr)
-        return 1
+    except Exception as err:  # the error classes are imported only here: they import torch
+        from grlib.distributed.launch import RankFailed
+        from grlib.distributed.topology import TopologyError
+
+        if isinstance(err, (*user_errors(), TopologyError)):
+            print(f"error: {_one_line(str(err))}", file=sys.stderr)
+            return 2
+        if isinstance(err, RankFailed):  # a rank of `train --world N` failed: its traceback's tail, as it was
+            print(f"error: {err}", file=sys.stderr)
+            return 1
+        raise
 
 
 def _one_line(message: str) -> str:
