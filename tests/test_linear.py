@@ -48,11 +48,50 @@ def test_onednn_matches_reference(lead, n_in, n_out, bias, dtype, seed):
         torch.testing.assert_close(a.to(torch.float64), e, **tol, msg=lambda m: f"{name}: {m}")
 
 
-def test_auto_is_onednn_on_cpu_and_the_model_uses_it():
+@pytest.fixture
+def fresh_choice():
+    from grlib.ops import matmul
+
+    matmul.cpu_linear_impl.cache_clear()
+    yield matmul
+    matmul.cpu_linear_impl.cache_clear()
+
+
+@pytest.mark.parametrize("vendor, forced, impl", [("GenuineIntel", "", "reference"), ("AuthenticAMD", "", "onednn"),
+                                                  ("GenuineIntel", "onednn", "onednn"), ("AuthenticAMD", "blas", "reference"),
+                                                  ("ARM", "", "onednn")])
+def test_auto_takes_the_gemm_library_of_the_cpu_or_grlib_gemm(monkeypatch, fresh_choice, vendor, forced, impl):
+    import dataclasses
+
+    from grlib.hardware import nominal
+
+    info = dataclasses.replace(nominal.cpu_info(), vendor=vendor)
+    monkeypatch.setattr(nominal, "cpu_info", lambda: info)
+    monkeypatch.setenv("GRLIB_GEMM", forced)
+    assert fresh_choice.cpu_linear_impl() == impl
+    calls = []
+    for name in ("reference", "onednn"):
+        real = ops.registry.resolve("linear", "cpu", name)
+        monkeypatch.setitem(ops.registry._LOADED, ("linear", name),
+                            lambda *a, name=name, real=real: calls.append(name) or real(*a))
+    x, w = torch.randn(3, 4), torch.randn(2, 4)
+    ops.linear(x, w)
+    assert calls == [impl]  # float32 follows the choice
+    assert ops.choose("linear", "cpu") == "onednn"  # the registry's own order is unchanged
+
+
+def test_a_bad_grlib_gemm_is_named(monkeypatch, fresh_choice):
+    from grlib.config import ConfigError
+
+    monkeypatch.setenv("GRLIB_GEMM", "mkl")
+    with pytest.raises(ConfigError, match="GRLIB_GEMM='mkl': must be one of onednn, blas"):
+        fresh_choice.cpu_linear_impl()
+
+
+def test_the_model_uses_grlib_linear():
     from grlib.config import ModelConfig
     from grlib.model import build_model
 
-    assert ops.choose("linear", "cpu") == "onednn"
     model = build_model(ModelConfig(name="hstu", n_layers=1, n_heads=2, d_model=8), 30, 8)
     layer = model.layers[0]
     assert isinstance(layer.uvqk, torch.nn.Linear) and set(dict(layer.uvqk.named_parameters())) == {"weight", "bias"}

@@ -16,6 +16,7 @@ from __future__ import annotations
 import importlib
 import math
 
+import torch
 from torch import Tensor
 
 from grlib.ops import registry
@@ -196,7 +197,10 @@ def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None, impl: str = "a
     from grlib.ops.matmul import check_linear_args
 
     check_linear_args(x, weight, bias)
-    fn = registry.resolve("linear", x.device, impl)
+    name = registry.choose("linear", x.device, impl)
+    if impl == "auto" and name == "onednn" and x.dtype == torch.float32:  # by the CPU (matmul.cpu_linear_impl)
+        name = _matmul.cpu_linear_impl()
+    fn = registry.resolve("linear", x.device, name)
     return fn(x.reshape(-1, x.shape[-1]), weight, bias).reshape(*x.shape[:-1], weight.shape[0])
 
 

@@ -3,7 +3,10 @@
 //
 //   probe_clock(blocks)          -> (dependent adds, thread CPU seconds): a chain of integer adds,
 //                                   each waiting for the previous one, runs one add per cycle on
-//                                   every x86-64 and AArch64 core, so adds / seconds is the clock
+//                                   every x86-64 and AArch64 core, so adds / seconds is the clock.
+//                                   The addend is a register, not an immediate: Intel's Golden
+//                                   Cove and later fold chains of small immediate adds at rename,
+//                                   several per cycle (an Intel Xeon here read 8.59 GHz that way)
 //   probe_fma(iters, bf16)       -> (FLOPs, thread CPU seconds) of independent chains of vector
 //                                   FMAs at the current path's width (isa.h: 512-bit on avx512,
 //                                   256-bit on avx2; generic has none and fails); bf16=true runs
@@ -35,12 +38,13 @@ double thread_seconds() {
 std::tuple<double, double> probe_clock(int64_t blocks) {
   TORCH_CHECK(blocks > 0, "probe_clock: blocks must be > 0, got ", blocks);
   uint64_t x = 0;
+  const uint64_t one = 1;
   const double t0 = thread_seconds();
   for (int64_t i = 0; i < blocks; ++i) {
 #if defined(__x86_64__)
-    asm volatile(GRLIB_R100("add $1, %0\n\t") : "+r"(x));
+    asm volatile(GRLIB_R100("add %1, %0\n\t") : "+r"(x) : "r"(one));
 #elif defined(__aarch64__)
-    asm volatile(GRLIB_R100("add %0, %0, #1\n\t") : "+r"(x));
+    asm volatile(GRLIB_R100("add %0, %0, %1\n\t") : "+r"(x) : "r"(one));
 #else
     TORCH_CHECK(false, "probe_clock: only x86-64 and AArch64 builds have the add chain");
 #endif
