@@ -53,6 +53,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--compile", action=argparse.BooleanOptionalAction, default=True,
                    help="add the torch.compile row of the plain-PyTorch model (default: on)")
     p.add_argument("--top", type=int, default=15, help="top ops to print from a profile of the auto row (0: none)")
+    p.add_argument("--profile-steps", type=positive_int, default=3, help="training steps the profile of --top covers")
     p.add_argument("--precision", choices=MODEL_PRECISIONS, default="fp32",
                    help="model.precision of every row; MFU against the peaks of that dtype (default: fp32)")
     p.add_argument("--threads", type=positive_int, default=None,
@@ -89,7 +90,7 @@ def run(args: argparse.Namespace) -> list[dict]:
     gemm = max(projection_before, steps.projection_rate(T, cfg.model.d_model, dtype)) / peak
     count = parameter_count(build_model(cfg.model, data.n_items, cfg.data.max_len, device="meta"))
     rows, base = [], None
-    for (impl, compiled), (recs, warmup_s) in timed.items():
+    for (impl, compiled), (recs, warmup_s, rss) in timed.items():
         step_s = [sum(r[f"{p}_s"] for p in PHASES if p != "data") for r in recs]
         total_s, flops, loss_flops = sum(step_s), sum(r["flops"] for r in recs), sum(r["loss_flops"] for r in recs)
         step_ms = statistics.median(step_s) * 1e3
@@ -116,6 +117,7 @@ def run(args: argparse.Namespace) -> list[dict]:
             "loss_flops_per_step": loss_flops / len(recs), "mfu_with_loss": perf.mfu(flops + loss_flops, total_s, peak),
             "mfu_with_loss_nominal": perf.mfu(flops + loss_flops, total_s, nominal.flops),
             "gemm_bound_ms": gemm_ms, "other_ms": step_ms - gemm_ms, "mfu_gemm_bound": mfu_bound,
+            "recompute_layers": cfg.model.recompute_layers, **rss,
         })
     for row in rows:
         row["speedup_vs_reference"] = base / row["step_ms"] if base else float("nan")
@@ -123,18 +125,23 @@ def run(args: argparse.Namespace) -> list[dict]:
                                     "forward_share", "loss_share", "backward_share", "optimizer_share",
                                     "gemm_share_of_peak", "gemm_bound_ms", "other_ms", "mfu", "mfu_nominal",
                                     "mfu_on_cpu", "mfu_gemm_bound", "mfu_with_loss",
-                                    "speedup_vs_reference")} for r in rows],
+                                    "speedup_vs_reference", "peak_rss_mb")} for r in rows],
                 f"bench train: scale {cfg.scale}, HSTU {cfg.model.n_layers}x{cfg.model.n_heads} d={cfg.model.d_model} "
                 f"({cfg.model.precision}; loss {cfg.negatives.precision}), "
                 f"{count}; batch {cfg.train.batch_size} x max_len {cfg.data.max_len} ({T} tokens per step); "
                 f"{args.steps} timed steps each; {threads.describe()}; load average {load:.2f}\n"
+                + ("every layer recomputed in backward (model.recompute_layers): MFU counts the model's FLOPs once, "
+                   "not the recomputed forward\n" if cfg.model.recompute_layers else "")
+                + f"peak_rss_mb: the process's peak resident set while a row's model was built and its steps ran "
+                f"({rows[0]['peak_rss_since']}: {'reset before each row' if rows[0]['peak_rss_since'] == 'row' else 'since the process started'})\n"
                 f"mfu: against the {measured.describe()}\n"
                 f"mfu_nominal: against the {nominal.describe()}\n"
                 f"gemm_bound_ms / mfu_gemm_bound: the step if nothing but its GEMMs took time (projections at "
                 f"gemm_share_of_peak, the loss's logit GEMMs at the peak); other_ms = step_ms - gemm_bound_ms\n"
                 f"The paper's 54.71% MFU compares with mfu_nominal (a nominal peak, NVIDIA's convention).")
     if args.top > 0:
-        print_table(steps.top_ops(cfg.replace({"model.attention_impl": auto}), data, batches, args.top),
+        print_table(steps.top_ops(cfg.replace({"model.attention_impl": auto}), data, batches, args.top,
+                                    args.profile_steps),
                     f"top {args.top} ops by self CPU time, attention {auto} (torch.profiler, "
                     f"per step; wall-clock based: a busy machine inflates every op alike)")
     results.append_rows("bench_train", rows, cfg)

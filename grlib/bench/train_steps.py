@@ -4,9 +4,11 @@ timed steps, the projection GEMMs' rate alone, the GEMM-only bound and the profi
 Imported by the command's `run`, so that `bench train --help` does not load torch."""
 from __future__ import annotations
 
+import resource
 import statistics
 import time
 from contextlib import closing
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -60,8 +62,32 @@ def build_schedule(cfg, data, compiled: bool = False):
     return assemble(model, data, cfg.train, cfg.negatives)
 
 
-def time_steps(cfg, data, batches, warmup: int, compiled: bool = False) -> tuple[list[dict], float]:
-    """Per timed step: tokens, FLOPs, phase seconds, on-CPU seconds; and the warm-up steps' wall seconds."""
+def reset_peak_rss() -> bool:
+    """Sets this process's peak resident set (VmHWM) to its resident set now (Linux: clear_refs 5);
+    False where the kernel does not allow it (then the peak counts from the process's start)."""
+    try:
+        Path("/proc/self/clear_refs").write_text("5")
+    except OSError:
+        return False
+    return True
+
+
+def peak_rss_mb() -> float:
+    """This process's peak resident set in MB: VmHWM (since the last reset_peak_rss), else ru_maxrss."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def time_steps(cfg, data, batches, warmup: int, compiled: bool = False) -> tuple[list[dict], float, dict]:
+    """Per timed step: tokens, FLOPs, phase seconds, on-CPU seconds; the warm-up steps' wall seconds;
+    and the peak resident set while the model was built and its steps ran ({"peak_rss_mb",
+    "peak_rss_since": "row" when the peak was reset before this row, else "process"})."""
+    since = "row" if reset_peak_rss() else "process"
     schedule, threads_now = build_schedule(cfg, data, compiled), torch.get_num_threads()
     records, warmup_s = [], 0.0
     with closing(schedule.run(batches)) as steps:
@@ -77,7 +103,7 @@ def time_steps(cfg, data, batches, warmup: int, compiled: bool = False) -> tuple
                             "flops": perf.batch_flops(out.batch.offsets, cfg.model),
                             "loss_flops": perf.loss_flops(P, cfg.negatives.n_negatives, cfg.model.d_model),
                             **{f"{p}_s": out.seconds[p] for p in PHASES if p != "data"}})
-    return records, warmup_s
+    return records, warmup_s, {"peak_rss_mb": peak_rss_mb(), "peak_rss_since": since}
 
 
 def projection_rate(T: int, d: int, dtype: torch.dtype = torch.float32, repeats: int = 5) -> float:
@@ -97,12 +123,13 @@ def projection_rate(T: int, d: int, dtype: torch.dtype = torch.float32, repeats:
 
 def gemm_bound(T: int, flops: float, loss_flops: float, cfg, gemm_share: float, peak: float) -> tuple[float, float]:
     """(ms, MFU) of a step of T tokens (flops, loss_flops per step) if nothing but its GEMMs took time:
-    HSTU's projections (2 T d 5d per layer, x3 with backward) at the rate their shapes reach alone in
-    this run (gemm_share x peak), the loss's logit GEMMs (perf.loss_flops) at the peak itself. An
-    upper bound on the step's MFU: every other op (attention, LayerNorm, dropout, SiLU, embeddings,
-    softmax, optimizer) is priced at zero."""
-    d = cfg.model.d_model
-    seconds = 3 * cfg.model.n_layers * 2 * T * 5 * d * d / (gemm_share * peak) + loss_flops / peak
+    HSTU's projections (2 T d 5d per layer, x3 with backward, x4 when model.recompute_layers runs the
+    forward again in backward) at the rate their shapes reach alone in this run (gemm_share x peak),
+    the loss's logit GEMMs (perf.loss_flops) at the peak itself. An upper bound on the step's MFU
+    (which counts the model's FLOPs once): every other op (attention, LayerNorm, dropout, SiLU,
+    embeddings, softmax, optimizer) is priced at zero."""
+    d, passes = cfg.model.d_model, 4 if cfg.model.recompute_layers else 3
+    seconds = passes * cfg.model.n_layers * 2 * T * 5 * d * d / (gemm_share * peak) + loss_flops / peak
     return seconds * 1e3, perf.mfu(flops, seconds, peak)
 
 

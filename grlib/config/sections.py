@@ -44,6 +44,8 @@ class ModelConfig:
     attention_impl: str = param("auto", choice(("auto", *choices.IMPLS)))
     # bf16: HSTU's projections on bf16 copies (grlib.model.hstu)
     precision: str = param("fp32", choice(choices.MODEL_PRECISIONS))
+    # activation checkpointing: each HSTU layer keeps only its input and recomputes the rest in backward
+    recompute_layers: bool = param(False, FLAG)
 
     def __post_init__(self) -> None:
         check_fields(self, "model.")
@@ -51,6 +53,8 @@ class ModelConfig:
               f"{self.d_model} is not divisible by model.n_heads={self.n_heads}")
         check(self.precision == "fp32" or self.name == "hstu", "model.precision",
               f"{self.precision} is implemented for model.name=hstu only, got {self.name}")
+        check(not self.recompute_layers or self.name == "hstu", "model.recompute_layers",
+              f"is implemented for model.name=hstu only, got {self.name}")
 
 
 @dataclass(frozen=True)

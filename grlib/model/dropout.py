@@ -49,6 +49,22 @@ def global_rows(total: int, index: Tensor) -> Iterator[None]:
         _GLOBAL_ROWS.reset(token)
 
 
+def current_rows() -> tuple[int, Tensor] | None:
+    """The global_rows setting now (None outside one): what a recomputation must run under again."""
+    return _GLOBAL_ROWS.get()
+
+
+@contextlib.contextmanager
+def rows_as(rows: tuple[int, Tensor] | None) -> Iterator[None]:
+    """Within: the global_rows setting `rows` (from current_rows()), None included; for a layer
+    recomputed in backward, which runs after the forward's global_rows block has ended."""
+    token = _GLOBAL_ROWS.set(rows)
+    try:
+        yield
+    finally:
+        _GLOBAL_ROWS.reset(token)
+
+
 def drop_count(p: float) -> int:
     """k: an element is dropped with probability k / 65536."""
     if not 0.0 <= p <= 1.0:

@@ -24,6 +24,12 @@ the input LayerNorm, the final LayerNorm and normalisation, and the loss stay fp
 precision is negatives.precision). Dropout is grlib.model.dropout.FastDropout
 (16-bit random words; nn.Dropout's serial Bernoulli draws took 12% of a laptop training step).
 
+With model.recompute_layers (activation checkpointing, for long sequences at large d: the paper
+preset), a training forward keeps only each layer's input [T, d] and recomputes the layer in
+backward (torch.utils.checkpoint, non-reentrant): the same dropout words (torch's RNG state and the
+data-parallel global rows restored), so the gradients are those of the plain forward. The layer's
+forward FLOPs run twice; MFU (grlib.perf) counts the model's FLOPs once, never the recomputed ones.
+
 The encoder maps a JaggedBatch to one L2-normalised vector per token ([T, d]).
 """
 from __future__ import annotations
@@ -33,10 +39,12 @@ import sys
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from torch.utils.checkpoint import checkpoint
 
 from grlib import ops
 from grlib.config import ConfigError, ModelConfig
 from grlib.jagged import JaggedBatch
+from grlib.model import dropout as dropout_words
 from grlib.model.dropout import FastDropout
 from grlib.model.embeddings import Embeddings
 
@@ -90,6 +98,18 @@ class HSTULayer(nn.Module):
         return x + self.out(y)  # fp32 [T, d] (a bf16 projection is widened by the sum)
 
 
+def _recomputed(layer: HSTULayer, x: Tensor, batch: JaggedBatch) -> Tensor:  # x [T, d] -> [T, d]
+    """layer(x, batch) keeping only x for backward, which runs the layer again under the same RNG
+    state and data-parallel rows (grlib.model.dropout.current_rows) as this forward."""
+    rows = dropout_words.current_rows()
+
+    def run(x: Tensor) -> Tensor:
+        with dropout_words.rows_as(rows):
+            return layer(x, batch)
+
+    return checkpoint(run, x, use_reentrant=False, preserve_rng_state=True)
+
+
 class HSTU(nn.Module):
     def __init__(self, cfg: ModelConfig, n_items: int):
         super().__init__()
@@ -109,8 +129,9 @@ class HSTU(nn.Module):
 
     def forward(self, batch: JaggedBatch) -> Tensor:  # -> [T, d], L2-normalised
         x = self.dropout(self.embed(batch))
+        recompute = self.cfg.recompute_layers and self.training and torch.is_grad_enabled()
         for layer in self.layers:
-            x = layer(x, batch)
+            x = _recomputed(layer, x, batch) if recompute else layer(x, batch)
         return F.normalize(self.norm(x), dim=-1)
 
     def attention_impl(self, device: torch.device | str = "cpu") -> str:
