@@ -14,6 +14,9 @@ import grlib  # noqa: F401  (first: sets the OpenMP wait policy before torch loa
 
 settings.register_profile("grlib", deadline=None, max_examples=60,
                           suppress_health_check=[HealthCheck.too_slow])
+# the kernel tests rerun on each non-default instruction-set path (tests/test_isa.py): every test,
+# a third of the random cases (the default path runs them all)
+settings.register_profile("paths", parent=settings.get_profile("grlib"), max_examples=20)
 # HYPOTHESIS_PROFILE=thorough: many more random cases, for a property test under suspicion
 settings.register_profile("thorough", parent=settings.get_profile("grlib"), max_examples=2000)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "grlib"))

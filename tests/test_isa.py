@@ -146,14 +146,16 @@ KERNEL_TESTS = ("tests/test_attention.py", "tests/test_uvqk_attention.py", "test
 @pytest.mark.parametrize("path", ["avx2", "generic", "avx512"])
 def test_the_kernel_tests_pass_on_each_path(path):
     """Every kernel test (padded references, hypothesis shapes, fwd + bwd, every dtype) on one more
-    path than the process default, in a child with GRLIB_ISA set (the default path runs them in the suite)."""
+    path than the process default, in a child with GRLIB_ISA set (the default path runs them in the
+    suite); the child draws a third of the random cases (conftest's `paths` profile) unless
+    HYPOTHESIS_PROFILE says otherwise."""
     import grlib.ops.cpu  # noqa: F401
 
     if path not in isa.available():
         pytest.skip(f"the {path} path is not available here: available {isa.available()}")
     if path == isa.current() and not os.environ.get("GRLIB_ISA"):
         pytest.skip(f"{path} is this process's default path: the suite itself runs the kernel tests on it")
-    env = dict(os.environ, GRLIB_ISA=path, HYPOTHESIS_PROFILE=os.environ.get("HYPOTHESIS_PROFILE", "grlib"))
+    env = dict(os.environ, GRLIB_ISA=path, HYPOTHESIS_PROFILE=os.environ.get("HYPOTHESIS_PROFILE", "paths"))
     got = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", "-p", "no:xdist",
                           *KERNEL_TESTS], capture_output=True, text=True, env=env,
                          timeout=1800)

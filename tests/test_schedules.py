@@ -3,8 +3,10 @@ prefetch and semisync(0) train bit for bit what sync trains for 50 steps; semisy
 early (a nonzero stale fraction) and still trains."""
 from __future__ import annotations
 
+import ast
 import threading
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -93,9 +95,6 @@ def test_prefetch_and_semisync0_train_what_sync_trains_bit_for_bit():
 def test_one_worker_class_runs_ahead_for_every_schedule():
     """Every class in grlib that starts a thread: only PrefetchWorker (one process's prefetch schedule
     and a rank's prefetch / semisync schedules both run it)."""
-    import ast
-    from pathlib import Path
-
     root = Path(__file__).resolve().parents[1] / "grlib"
     starters = set()
     for path in root.rglob("*.py"):
@@ -105,3 +104,33 @@ def test_one_worker_class_runs_ahead_for_every_schedule():
                 if name == "Thread":
                     starters.add(f"{path.relative_to(root.parent).with_suffix('')}.{cls.name}".replace("/", "."))
     assert starters == {"grlib.train.prefetch.PrefetchWorker"}
+
+
+# The modules that call .backward() on something other than a training step's loss: measurements of
+# one layer or of the loss alone (kernels, calibrations, the negatives ablation's memory) and bench ops
+MEASURING_BACKWARDS = {"grlib/experiments/negatives_stage.py", "grlib/experiments/kernels_stage.py",
+                       "grlib/experiments/scaling_cluster.py", "grlib/distributed/cost.py", "grlib/bench/ops.py"}
+
+
+def backward_calls(root: Path) -> dict[str, int]:
+    """{module path: number of `.backward(...)` calls in its code} over every module under root/grlib."""
+    found = {}
+    for path in (root / "grlib").rglob("*.py"):
+        calls = [n for n in ast.walk(ast.parse(path.read_text()))
+                 if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr == "backward"]
+        if calls:
+            found[str(path.relative_to(root).as_posix())] = len(calls)
+    return found
+
+
+def test_one_backward_for_a_training_step(tmp_path):
+    """A training step runs backward in one place, grlib.train.step.TrainStep (1 and N ranks: the
+    data-parallel step wraps it); every other call measures one layer or the loss alone."""
+    root = Path(__file__).resolve().parents[1]
+    found = backward_calls(root)
+    assert found.pop("grlib/train/step.py") == 1
+    assert set(found) <= MEASURING_BACKWARDS, sorted(set(found) - MEASURING_BACKWARDS)
+    planted = tmp_path / "grlib" / "distributed"  # a second training backward is caught
+    planted.mkdir(parents=True)
+    (planted / "data_parallel.py").write_text("def step(loss):\n    loss.backward()\n")
+    assert backward_calls(tmp_path) == {"grlib/distributed/data_parallel.py": 1}

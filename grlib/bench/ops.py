@@ -1,7 +1,10 @@
 """Jagged conversion and reduction ops: reference vs fbgemm vs compiled cpu, forward+backward.
 
 Lengths follow KuaiRand-27K scaled so p99 = max_len. Ratios are against `reference` measured in
-the same run; rows go to results/tables/bench_ops.parquet.
+the same run; rows go to results/tables/bench_ops.parquet. Also HSTU's fused projection, a linear
+layer [T, dim] x [4 dim, dim]^T forward + backward, through torch's BLAS (`reference`: MKL in
+torch's x86 wheels) and oneDNN, where `auto` marks what the CPU's vendor picks
+(grlib.ops.matmul.cpu_linear_impl); each row names the CPU model.
 """
 from __future__ import annotations
 
@@ -24,19 +27,26 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _cases(values: torch.Tensor, offsets: torch.Tensor, max_len: int):
+    import torch
+
     from grlib import ops
 
+    d = values.shape[1]
+    weight = torch.randn(4 * d, d, requires_grad=True)  # HSTU's fused projection [4d, d]
+    bias = torch.randn(4 * d, requires_grad=True)
     return {
         "jagged_to_padded": lambda impl: ops.jagged_to_padded(values, offsets, max_len, impl=impl),
         "segment_sum": lambda impl: ops.segment_sum(values, offsets, impl=impl),
+        "linear [T, d] x [4d, d]^T": lambda impl: ops.linear(values, weight, bias, impl=impl),
     }
 
 
 def run(args: argparse.Namespace) -> list[dict]:
     import torch
 
-    from grlib import ops
+    from grlib import hardware, ops
     from grlib.experiments.measure import kuairand_lengths, median_ms
+    from grlib.ops import matmul as _matmul
 
     cfg = config_from_args(args)
     lengths = torch.from_numpy(kuairand_lengths(args.batch, args.max_len, "scaled"))
@@ -44,18 +54,22 @@ def run(args: argparse.Namespace) -> list[dict]:
     values = torch.randn(int(lengths.sum()), args.dim, requires_grad=True)
     rows = []
     for op, fn in _cases(values, offsets, args.max_len).items():
-        base = None
-        for impl in ops.implementations(op):
+        base, name = None, op.split()[0]
+        auto = _matmul.cpu_linear_impl() if name == "linear" else ops.choose(name, "cpu")
+        for impl in ops.implementations(name):
             def step(fn=fn, impl=impl):
                 out = fn(impl)
                 out.backward(torch.ones_like(out))
                 values.grad = None
             ms = median_ms(step, repeats=args.repeats)
             base = ms if impl == "reference" else base
-            rows.append({"op": op, "impl": impl, "batch": args.batch, "max_len": args.max_len,
+            rows.append({"op": op, "impl": impl, "auto": impl == auto, "batch": args.batch, "max_len": args.max_len,
                          "dim": args.dim, "tokens": int(lengths.sum()), "fwd_bwd_ms": ms,
                          "speedup_vs_reference": base / ms if base else float("nan")})
-    print_table(rows, f"bench ops: B={args.batch} max_len={args.max_len} D={args.dim} "
+    for r in rows:
+        r.update(cpu_model=hardware.isa.cpu_model(), isa=hardware.isa.current())
+    print_table(rows, f"bench ops: B={args.batch} max_len={args.max_len} D={args.dim} on {hardware.isa.cpu_model()} "
+                      f"(auto: what impl='auto' runs here; linear by grlib.ops.matmul.cpu_linear_impl) "
                       f"(tokens {int(lengths.sum())}, {int(lengths.sum()) / (args.batch * args.max_len):.0%} of padded)")
     results.append_rows("bench_ops", rows, cfg)
     return rows

@@ -152,8 +152,19 @@ def _preset(scale: str) -> tuple | None:
     return (cfg.model.d_model, cfg.model.n_layers, cfg.model.n_heads, cfg.train.batch_size, cfg.data.max_len)
 
 
+PAPER_ON_CPU = "paper-cpu"  # the paper preset's model on one CPU (params.yaml): its rows stand beside every scale's
+
+
 def _mfu(scale: str) -> list[Found]:
-    """C7's MFU from `bench train`: the newest row of the automatically chosen attention per model shape."""
+    """C7's MFU from `bench train`: the newest row of the automatically chosen attention per model
+    shape, the scale's own, then those of the paper preset on this CPU (scale paper-cpu)."""
+    found = _mfu_rows(scale, "")
+    if scale != PAPER_ON_CPU:
+        found += _mfu_rows(PAPER_ON_CPU, f"; scale {PAPER_ON_CPU}, the paper preset on this CPU")
+    return found
+
+
+def _mfu_rows(scale: str, label: str) -> list[Found]:
     table = results.read_table("bench_train", scale)
     if table.height == 0:
         return []
@@ -186,9 +197,12 @@ def _mfu(scale: str) -> list[Found]:
         if r.get("mfu_gemm_bound") is not None:  # rows since bench train's GEMM-only bound
             how += (f"; GEMMs alone {r['gemm_bound_ms']:.0f} ms of the step: "
                     f"{Figure.of(r['mfu_gemm_bound'], mfu.unit).short()} of the measured peak if nothing else took time")
+        if r.get("peak_rss_mb") is not None:  # rows since bench train's peak RSS column
+            how += f"; peak RSS {r['peak_rss_mb'] / 1024:.1f} GB"
         found.append(Found(mfu.key, f"HSTU {r['n_layers']}x{r['n_heads']} d={r['d_model']} ({r['params'] / 1e6:.1f}M "
                                     f"parameters), batch {r['batch']} x max_len {r['max_len']}"
                                     f"{' (preset)' if shape == preset else ''}"
+                                    f"{', layers recomputed in backward' if r.get('recompute_layers') else ''}{label}"
                                     f"{'' if r['precision'] == 'fp32' else ', ' + r['precision'] + ' mode'}: {mfu.threshold}",
                            Figure.of(value, mfu.unit).short(), how, mfu.met(value)))
     return found

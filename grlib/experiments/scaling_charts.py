@@ -4,9 +4,10 @@
                  registry's tolerance), C5.utilisation and C7.scaling (modelled at 1536 ranks, every
                  config, the truncated regime), C5.measured (2-rank
                  utilisation per schedule), C7.measured (1 -> 2 process efficiency per schedule).
-                 The modelled TurboGR row is met only when its figure holds AND every validation
-                 holds (not met otherwise, the check saying which); the other configs' rows are figures
-                 beside it (met None)
+                 The modelled TurboGR rows (turbogr: semisync(1); turbogr-overlap: prefetch with the
+                 bucketed all-reduce, the overlap schedule) are met only when the figure holds AND every
+                 validation holds, the overlap schedule's included (not met otherwise, the check saying
+                 which); the other configs' rows are figures beside them (met None)
     gantt        measured spans of a few steps per schedule: x = seconds, y = rank, colour = phase
     scaling_chart  modelled utilisation and linearity vs ranks, TurboGR vs baseline, the paper's 94% and 0.97
 """
@@ -17,7 +18,8 @@ import polars as pl
 
 from grlib.experiments import claims as registry
 
-ACCEPT_RANKS, ACCEPT_REGIME, MAIN = 1536, "truncated", "turbogr"
+ACCEPT_RANKS, ACCEPT_REGIME = 1536, "truncated"
+MAIN = ("turbogr", "turbogr-overlap")  # the modelled configs grlib runs (dist.schedule semisync, overlap): judged
 GANTT_PHASES = ("data", "forward", "loss", "backward", "comm", "optimizer")  # comm: the all-reduce
 SCHEMA = {"target": pl.String, "check": pl.String, "value": pl.Float64, "met": pl.Boolean}
 
@@ -55,7 +57,7 @@ def acceptance(table: pl.DataFrame) -> pl.DataFrame:
         for key, column in (("C5.utilisation", "utilisation"), ("C7.scaling", "linearity")):
             t = registry.target(key)
             for r in sim.filter((pl.col("ranks") == P) & (pl.col("regime") == regime)).iter_rows(named=True):
-                met = (valid and t.bounds[0].holds(r[column])) if r["config"] == MAIN else None
+                met = (valid and t.bounds[0].holds(r[column])) if r["config"] in MAIN else None
                 out.append({"target": t.key, "value": r[column], "met": met, "check":
                             f"{r['config']} at {P} ranks, modelled ({note}): {r['regime']} KuaiRand-27K lengths at "
                             f"max_len {r['max_len']}, {r['users_per_rank']} users per rank, {r['device']} "

@@ -33,8 +33,11 @@ from grlib.sim.scaleout import DEVICES, Workload, cluster_loads, padded_flops
 KUAIRAND_USERS = 27_285
 DDP_BUCKET_BYTES = 25 * 2**20  # torch DDP's default bucket_cap_mb
 # config -> (fused kernel, balancer, items, node de-duplication, schedule, staleness, bucketed all-reduce)
+# turbogr and turbogr-overlap are what grlib runs (dist.schedule semisync, overlap: prefetch with
+# the bucketed all-reduce); semisync with buckets is modelled only
 CONFIGS = {
     "turbogr": (True, "kk", "hierarchical", True, "semisync", 1, False),
+    "turbogr-overlap": (True, "kk", "hierarchical", True, "prefetch", 0, True),
     "turbogr+bucketed-allreduce": (True, "kk", "hierarchical", True, "semisync", 1, True),
     "baseline": (False, "random", "flat", False, "sync", 0, False),
 }
