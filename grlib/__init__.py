@@ -1,9 +1,27 @@
 """grlib: jagged HSTU kernels, training and negatives (see README.md and docs/ARCHITECTURE.md).
 
 The OpenMP wait policy is set here, before torch (and with it libgomp) loads, and torch's thread
-count when it loads (grlib.threads). Importing grlib does not import torch.
+count when it loads (grlib.threads). Importing grlib does not import torch; importing the compiled
+extension grlib._C does, first (it links torch's libraries, which torch's import loads).
 """
+import importlib.abc
+import sys
+
 from grlib import threads
 
 threads.configure_environment()
 threads.when_torch_loads()
+
+
+class _TorchBeforeExtension(importlib.abc.MetaPathFinder):
+    """Finds nothing itself: before `grlib._C` is looked for, imports torch (else the extension's
+    libc10 / libtorch are not loaded and its import fails)."""
+
+    def find_spec(self, name, path=None, target=None):
+        if name == "grlib._C" and "torch" not in sys.modules:
+            import torch  # noqa: F401
+        return None
+
+
+if not any(isinstance(f, _TorchBeforeExtension) for f in sys.meta_path):
+    sys.meta_path.insert(0, _TorchBeforeExtension())
