@@ -13,12 +13,15 @@ threads.configure_environment()
 threads.when_torch_loads()
 
 
+_EXTENSION = __name__ + "._C"  # named, not imported: this package does not need the kernels
+
+
 class _TorchBeforeExtension(importlib.abc.MetaPathFinder):
-    """Finds nothing itself: before `grlib._C` is looked for, imports torch (else the extension's
-    libc10 / libtorch are not loaded and its import fails)."""
+    """Finds nothing itself: before the compiled extension grlib._C is looked for, imports torch
+    (else the extension's libc10 / libtorch are not loaded and its import fails)."""
 
     def find_spec(self, name, path=None, target=None):
-        if name == "grlib._C" and "torch" not in sys.modules:
+        if name == _EXTENSION and "torch" not in sys.modules:
             import torch  # noqa: F401
         return None
 
