@@ -4,7 +4,6 @@ timed steps, the projection GEMMs' rate alone, the GEMM-only bound and the profi
 Imported by the command's `run`, so that `bench train --help` does not load torch."""
 from __future__ import annotations
 
-import resource
 import statistics
 import time
 from contextlib import closing
@@ -15,6 +14,7 @@ import torch
 from torch import nn
 
 from grlib import ops, perf
+from grlib.bench.data import peak_rss_mb  # VmHWM of /proc/self/status
 from grlib.data.catalog import load_dataset
 from grlib.fit import assemble
 from grlib.model import build_model
@@ -70,17 +70,6 @@ def reset_peak_rss() -> bool:
     except OSError:
         return False
     return True
-
-
-def peak_rss_mb() -> float:
-    """This process's peak resident set in MB: VmHWM (since the last reset_peak_rss), else ru_maxrss."""
-    try:
-        for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) / 1024
-    except OSError:
-        pass
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
 def time_steps(cfg, data, batches, warmup: int, compiled: bool = False) -> tuple[list[dict], float, dict]:
