@@ -1,7 +1,7 @@
 """grlib.distributed.cost: fit_quadratic recovers exact quadratics, keeps coefficients non-negative at the
 constrained optimum, rejects bad input; FlopsCost agrees with grlib.perf.sequence_flops per
 sequence; calibrate_layer times one HSTU layer on 12 lengths 16..4096 and a quadratic fits it
-(R^2 >= 0.98), leaving the thread count as it found it."""
+(R^2 >= 0.95, far better than a line), leaving the thread count as it found it."""
 from __future__ import annotations
 
 import numpy as np
@@ -95,17 +95,28 @@ def test_flops_cost_is_sequence_flops_per_sequence(cfg, lengths):
 
 def test_calibrated_layer_is_quadratic():
     """One HSTU layer (d_model 64, the compiled CPU kernel), 12 lengths 16..4096: a quadratic in
-    the length explains the measured seconds (R^2 >= 0.98); the thread count is restored. At
-    calibrate_layer's own settings (5 repeats of >= 50 ms): with 3 of >= 20 ms, the fit read 0.943
-    once under make test's second worker, and 0.985-1.000 beside a busy core (0.995-1.000 here)."""
+    the length explains the measured seconds (R^2 >= 0.95) and fits them far better than the best
+    line (its sum of squared relative residuals <= 1/4 of the line's); the thread count is restored.
+
+    Measured on the 2-vCPU Xeon beside a process running bursts of 1024^2 GEMMs (make test's other
+    worker, roughly), 8 calibrations each: R^2 0.989-0.998 with the rounds over all lengths, and
+    0.984-1.000 with each length's repeats back to back (a CI run of those read 0.977); the ratio to
+    the line was 0.05. The bounds leave room for a noisier machine, not for a wrong measurement: a
+    time that does not grow with the length, or grows linearly, fails both."""
     threads = torch.get_num_threads()
     rows = calibrate_layer(ModelConfig(name="hstu", n_heads=2, d_model=64), LENGTHS.tolist())
     assert torch.get_num_threads() == threads
     assert [r["length"] for r in rows] == LENGTHS.tolist()
     assert all(r["sequences"] >= 1 and r["repeats"] == 5 and r["seconds_per_sequence"] > 0 for r in rows)
-    fit = fit_quadratic([r["length"] for r in rows], [r["seconds_per_sequence"] for r in rows])
-    assert fit.r2 >= 0.98, (fit.params(), rows)
+    s = LENGTHS.astype(np.float64)
+    y = np.array([r["seconds_per_sequence"] for r in rows])  # [12]
+    fit = fit_quadratic(s, y)
+    assert fit.r2 >= 0.95, (fit.params(), rows)
     assert fit.b > 0  # the attention's s^2 is there
+    design = np.stack([np.ones_like(s), s / s.max()], axis=1) / y[:, None]  # [12, 2] the line, weighted as the fit
+    coef, *_ = np.linalg.lstsq(design, np.ones_like(y), rcond=None)
+    line = float(((design @ coef - 1.0) ** 2).sum())
+    assert weighted_loss(fit, s, y) <= 0.25 * line, (fit.params(), line, rows)
 
 
 def test_calibrate_bad_input():

@@ -123,7 +123,10 @@ def calibrate_layer(model: ModelConfig, lengths: Sequence[int], *, repeats: int 
     """Seconds per sequence of one HSTU layer's forward + backward at each length, on one thread.
 
     At length s the batch is k sequences of s tokens, k >= 1 the fewest for one run to take at
-    least `min_seconds`; the time is the median of `repeats` runs after a warm-up run, over k.
+    least `min_seconds` (found after a warm-up run). The `repeats` timed runs go in rounds over all
+    the lengths, so the runs of one length are spread over the whole calibration: a burst of other
+    work on a shared machine lands on one round of some lengths, not on every run of one length,
+    and the median drops it. The time is that median, over k.
     Returns one row per length: length, sequences (k), seconds_per_sequence, repeats."""
     if model.name != "hstu":
         raise ValueError(f"calibrate_layer times an HSTU layer; model.name must be 'hstu', got {model.name!r}")
@@ -137,15 +140,25 @@ def calibrate_layer(model: ModelConfig, lengths: Sequence[int], *, repeats: int 
         with torch.random.fork_rng():
             torch.manual_seed(seed)
             layer = HSTULayer(model.d_model, model.n_heads, model.dropout, model.attention_impl).train()
-            rows = []
-            for s in (int(s) for s in lengths):
-                once, _ = _median_time(layer, model.d_model, s, 1, 1)  # warm: a length's first run is slower
-                k = max(1, math.ceil(min_seconds / max(once, 1e-9)))
-                on_cpu, wall = _median_time(layer, model.d_model, s, k, repeats)
-                rows.append({"length": s, "sequences": k, "repeats": repeats, "seconds_per_sequence": on_cpu / k,
-                             "wall_seconds_per_sequence": wall / k})
+            lengths = [int(s) for s in lengths]
+            ks = []
+            for s in lengths:
+                _run(layer, model.d_model, s, 1)  # warm: a length's first run is slower
+                once, _ = _run(layer, model.d_model, s, 1)
+                ks.append(max(1, math.ceil(min_seconds / max(once, 1e-9))))
+                _run(layer, model.d_model, s, ks[-1])  # warm at the batch the rounds time
+            times: list[list[tuple[float, float]]] = [[] for _ in lengths]  # [length][round] (on-CPU, wall)
+            for _ in range(repeats):
+                for i, (s, k) in enumerate(zip(lengths, ks)):
+                    times[i].append(_run(layer, model.d_model, s, k))
     finally:
         torch.set_num_threads(threads)
+    rows = []
+    for s, k, runs in zip(lengths, ks, times):
+        on_cpu = statistics.median(t for t, _ in runs)
+        wall = statistics.median(w for _, w in runs)
+        rows.append({"length": s, "sequences": k, "repeats": repeats, "seconds_per_sequence": on_cpu / k,
+                     "wall_seconds_per_sequence": wall / k})
     return rows
 
 
@@ -189,8 +202,3 @@ def _timed(layer: HSTULayer, batch: JaggedBatch, repeats: int) -> tuple[float, f
         layer.zero_grad(set_to_none=True)
         x.grad = None
     return statistics.median(on_cpu), statistics.median(walls)
-
-
-def _median_time(layer: HSTULayer, d: int, s: int, k: int, repeats: int) -> tuple[float, float]:
-    _run(layer, d, s, k)  # warm-up
-    return _run(layer, d, s, k, repeats)
