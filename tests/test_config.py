@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -17,6 +18,16 @@ def test_named_scales_exist_and_load():
         assert cfg.scale == scale
     assert read_params()["scale"] in scale_names()
 
+
+
+def test_quick_in_params_is_a_bool(tmp_path):
+    """params.yaml's `quick` reaches the ablation notebooks as `-p quick ${quick}` (dvc.yaml)."""
+    assert read_params()["quick"] is False  # the committed pipeline runs the full grids
+    text = (Path(__file__).resolve().parents[1] / "params.yaml").read_text()
+    bad = tmp_path / "params.yaml"
+    bad.write_text(text.replace("\nquick: false\n", "\nquick: sometimes\n", 1))
+    with pytest.raises(ConfigError, match=f"^{bad}: quick must be true or false, got 'sometimes'$"):
+        read_params(bad)
 
 def test_unknown_scale_lists_valid_ones():
     with pytest.raises(ConfigError, match="unknown scale 'huge'; valid scales: smoke, laptop, server, paper"):

@@ -55,6 +55,17 @@ def test_parameters_are_matched_by_whole_name(project):
                                                                                 "ablation_overrides"]
 
 
+
+def test_a_bool_parameter_takes_only_true_or_false(project):
+    """`fail = False` in the parameters cell: `-p fail maybe` would be a truthy string in the kernel."""
+    path = project / "notebooks" / "x.ipynb"
+    assert notebooks.parameter_defaults(path) == {"scale": "smoke", "fail": False}  # the tuple target is skipped
+    for value in ("maybe", "1", "[]"):
+        with pytest.raises(notebooks.NotebookError, match=rf"^parameter fail=.*: x.ipynb expects true or false"):
+            notebooks.run_notebook("x", "smoke", {"fail": value}, output=project / "out.ipynb")
+    assert not (project / "out.ipynb").exists()
+    assert notebooks.run_notebook("x", "smoke", {"fail": "false"}, output=project / "out.ipynb").exists()
+
 def test_failed_run_keeps_the_last_good_notebook_and_saves_the_failed_one(project, capsys):
     out = project / "executed" / "x.ipynb"
     assert notebooks.run_notebook("x", "smoke", output=out) == out

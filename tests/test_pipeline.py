@@ -1,5 +1,6 @@
 """`dvc repro` at the smoke scale in a git copy of the project (its tracked laptop results
-included): every stage runs, tables / figures / executed notebooks appear, a second repro runs
+included), `quick: true`: every stage runs, each stage notebook with its own default parameters
+(so this is their nbmake run too), tables / figures / executed notebooks appear, a second repro runs
 nothing, changing one ablation parameter reruns only the stages that use it, and the laptop
 outputs, `dvc status` of the laptop pipeline and `git status` are as before (a smoke run never
 touches another scale's files)."""
@@ -48,21 +49,32 @@ def _run(args: list[str], cwd: Path, env: dict) -> subprocess.CompletedProcess:
     return proc
 
 
-def _quick_grids(ablations: dict) -> dict:
-    """The stages that DVC runs with `-p quick false` get their notebook's quick grid in the copy's
-    params.yaml: this test checks the pipeline (every stage runs, writes its outputs, reruns only
-    what a parameter change touches), not the grids, which their own tests and notebooks run."""
-    import dataclasses
-
-    from grlib.config import load_ablation
-    from grlib.experiments import balance_stage, negatives_stage, scaling_stage, semi_async_stage, sparse_stage
+def _literals(cell_source: str) -> dict:
+    """name = <literal> assignments of a notebook cell (papermill's injected parameters)."""
+    import ast
 
     out = {}
-    for name, stage in (("balance", balance_stage), ("sparse", sparse_stage), ("semi_async", semi_async_stage),
-                        ("scaling", scaling_stage), ("negatives", negatives_stage)):
-        grid = dataclasses.asdict(stage.quick(load_ablation(name)))
-        out[name] = {k: v for k, v in grid.items() if k in ablations[name]}  # params.yaml's keys only
+    for node in ast.parse(cell_source).body:
+        if isinstance(node, ast.Assign) and isinstance(node.targets[0], ast.Name):
+            out[node.targets[0].id] = ast.literal_eval(node.value)
     return out
+
+
+def _assert_stage_runs_are_the_defaults(repo: Path, dvc_stages: dict) -> None:
+    """Each stage notebook's executed copy ran with its parameters cell's defaults: papermill
+    injected no value other than the default. So this run is the notebook's `Run All` as a user
+    (or nbmake) runs it, and conftest leaves these notebooks out of nbmake when this test runs."""
+    from grlib.cli.notebook import parameter_defaults
+
+    names = [stage["cmd"].split()[4] for stage in dvc_stages.values()]  # python -m grlib notebook NAME ...
+    assert len(names) == len(dvc_stages) and set(names) == {p.stem for p in (repo / "notebooks").glob("*.ipynb")}
+    for name in names:
+        executed = json.loads((repo / "results" / "executed" / "smoke" / f"{name}.ipynb").read_text())
+        injected = [c for c in executed["cells"] if "injected-parameters" in c["metadata"].get("tags", [])]
+        assert len(injected) == 1, name
+        given = _literals("".join(injected[0]["source"]))
+        defaults = parameter_defaults(repo / "notebooks" / f"{name}.ipynb")
+        assert given and {k: defaults.get(k, "<none>") for k in given} == given, (name, given, defaults)
 
 
 @pytest.mark.slow
@@ -88,13 +100,14 @@ def test_dvc_repro_smoke_in_a_copy(tmp_path):
 
     params = yaml.safe_load((repo / "params.yaml").read_text())
     params["scale"] = "smoke"
-    params["ablations"].update(_quick_grids(params["ablations"]))
+    params["quick"] = True  # the ablation notebooks' reduced grids: the pipeline is checked, not the grids
     (repo / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
 
     first = _run(dvc + ["repro"], repo, env).stdout
-    stages = [s for s in yaml.safe_load((repo / "dvc.yaml").read_text())["stages"]]
-    for stage in stages:
+    dvc_stages = yaml.safe_load((repo / "dvc.yaml").read_text())["stages"]
+    for stage in dvc_stages:
         assert f"Running stage '{stage}'" in first
+    _assert_stage_runs_are_the_defaults(repo, dvc_stages)
     results = repo / "results"
     train_parts = results / "tables" / "train" / "scale=smoke"
     assert list(train_parts.glob("*.parquet"))

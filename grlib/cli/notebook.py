@@ -98,6 +98,20 @@ def parameter_names(path: Path) -> list[str]:
     return names
 
 
+def parameter_defaults(path: Path) -> dict[str, Any]:
+    """The literal values the parameters cell assigns to plain names (name = <literal>)."""
+    cells = json.loads(path.read_text())["cells"]
+    tagged = [c for c in cells if "parameters" in c.get("metadata", {}).get("tags", [])]
+    defaults: dict[str, Any] = {}
+    for node in ast.parse("".join(tagged[0]["source"])).body if len(tagged) == 1 else []:
+        if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
+            try:
+                defaults[node.targets[0].id] = ast.literal_eval(node.value)
+            except ValueError:
+                pass  # not a literal: no default to compare with
+    return defaults
+
+
 def run_notebook(name: str, scale: str | None = None, parameters: dict[str, Any] | None = None,
                  output: str | Path | None = None) -> Path:
     """Executes notebooks/<name>.ipynb with papermill; returns the executed notebook's path
@@ -116,6 +130,10 @@ def run_notebook(name: str, scale: str | None = None, parameters: dict[str, Any]
     if unknown:
         raise NotebookError(f"{path}: parameters {unknown} are not defined in its parameters cell "
                             f"(it defines: {', '.join(defined)})")
+    for key, default in parameter_defaults(path).items():
+        if isinstance(default, bool) and key in params and not isinstance(params[key], bool):
+            raise NotebookError(f"parameter {key}={params[key]!r}: {path.name} expects true or false "
+                                f"(its default is {default})")
     if "overrides" in params:
         config.load_config(scale, params["overrides"])  # a bad override fails here, not in a kernel
     out = Path(output) if output else paths.results_dir() / "executed" / scale / f"{path.stem}.ipynb"

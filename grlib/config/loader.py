@@ -26,6 +26,8 @@ def read_params(path: Path | None = None) -> dict[str, Any]:
         params = yaml.safe_load(fh)
     if not isinstance(params, dict) or "scales" not in params:
         raise ConfigError(f"{path}: expected a mapping with a 'scales' section")
+    if not isinstance(params.get("quick", False), bool):
+        raise ConfigError(f"{path}: quick must be true or false, got {params['quick']!r}")
     return params
 
 
