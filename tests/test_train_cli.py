@@ -61,6 +61,35 @@ def test_bench_train_smoke(isolated_outputs, capsys):
         assert (r["precision"], r["peak_dtype"], r["nominal_peak_dtype"]) == ("fp32", "float32", "float32")
 
 
+def test_bench_train_runs_each_isa_path_in_one_run(isolated_outputs, capsys):
+    """--isa: every row on each path, alternating; each path's speedup against its own reference
+    row, its nominal peak at its own vector width; an unavailable path or bf16 on a path without it
+    is one error line before any row."""
+    paths = [p for p in ("avx2", "generic") if p in isa.available()]
+    out = isolated_outputs / "bench.json"
+    assert main(["bench", "train", "--scale", "smoke", "--steps", "1", "--warmup", "1", "--impls", "reference,cpu",
+                 "--no-compile", "--top", "0", "--isa", *paths, "--json", str(out)]) == 0
+    rows = json.loads(out.read_text())
+    assert [(r["attention_impl"], r["isa"]) for r in rows] == [(i, p) for i in ("reference", "cpu") for p in paths]
+    printed = capsys.readouterr().out
+    assert f"grlib._C paths {', '.join(paths)}" in printed
+    for r in rows:
+        ref = next(x for x in rows if x["isa"] == r["isa"] and x["attention_impl"] == "reference")
+        assert r["speedup_vs_reference"] == pytest.approx(ref["step_ms"] / r["step_ms"])
+        assert f"grlib._C path {r['isa']}" in r["nominal_peak_how"]
+    if len(paths) == 2:  # 32- against 16-byte vectors: twice the FLOP per cycle (the clock read twice, close together)
+        nominal = {r["isa"]: r["nominal_peak_flops"] for r in rows}
+        assert nominal["avx2"] > 1.5 * nominal["generic"], nominal
+    missing = next((p for p in isa.ISAS if p not in isa.available()), None)
+    if missing is not None:
+        assert main(["bench", "train", "--scale", "smoke", "--isa", missing, "--top", "0", "--no-compile"]) == 2
+        assert f"GRLIB_ISA={missing}: the {missing} path is not available" in capsys.readouterr().err
+    assert main(["bench", "train", "--scale", "smoke", "--isa", paths[-1], "--precision", "bf16", "--top", "0",
+                 "--no-compile"]) == 2
+    err = capsys.readouterr().err
+    assert f"--isa {paths[-1]} with model.precision=bf16: bf16 is not available on this CPU" in err
+
+
 @pytest.mark.skipif(isa.bf16_missing() is not None,
                     reason="no bf16 GEMMs on this CPU (or GRLIB_ISA below avx512): tests/test_isa.py checks the refusal")
 def test_bench_train_bf16_divides_by_the_bf16_peaks(isolated_outputs, capsys):

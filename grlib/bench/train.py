@@ -58,6 +58,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="model.precision of every row; MFU against the peaks of that dtype (default: fp32)")
     p.add_argument("--threads", type=positive_int, default=None,
                    help="torch threads (default: grlib's, see grlib.threads)")
+    p.add_argument("--isa", nargs="+", choices=["avx512", "avx2", "generic"], default=None,
+                   help="grlib._C paths to run every row on, in this one run, alternating per row (default: the "
+                        "current one: GRLIB_ISA, else the widest this CPU and build have; grlib.hardware.isa); "
+                        "torch's GEMM libraries keep their own code (docs/HARDWARE.md)")
 
 
 def run(args: argparse.Namespace) -> list[dict]:
@@ -77,30 +81,42 @@ def run(args: argparse.Namespace) -> list[dict]:
     variants = [(impl, False) for impl in impls] + ([("reference", True)] if args.compile else [])
     data, batches = steps.batches(cfg, max(args.warmup, 3) + args.steps)
     dtype = COMPUTE_DTYPES[cfg.model.precision]
-    nominal = hardware.nominal_peak(str(dtype).removeprefix("torch."), threads=torch.get_num_threads())
+    isas = list(dict.fromkeys(args.isa or [hardware.isa.current()]))
+    nominals = {}
+    for path in isas:  # an unavailable path, or bf16 on a path without it: an error before any row
+        with hardware.isa.use(path):
+            if cfg.model.precision == "bf16":
+                hardware.isa.require_bf16(f"--isa {path} with model.precision=bf16")
+            nominals[path] = hardware.nominal_peak(str(dtype).removeprefix("torch."), threads=torch.get_num_threads())
     T = int(np.mean([b.item_ids.numel() for b in batches]))
     projection_before = steps.projection_rate(T, cfg.model.d_model, dtype)
+    timed = {}
     with perf.measured_peak(dtype=dtype) as measured:
-        timed = {(impl, compiled): steps.time_steps(cfg.replace({"model.attention_impl": impl}), data, batches,
-                                               max(args.warmup, 3) if compiled else args.warmup, compiled)
-                 for impl, compiled in variants}
+        for impl, compiled in variants:
+            for path in isas:  # the paths alternate row by row: their ratios come from the same minutes
+                with hardware.isa.use(path):
+                    timed[(path, impl, compiled)] = steps.time_steps(
+                        cfg.replace({"model.attention_impl": impl}), data, batches,
+                        max(args.warmup, 3) if compiled else args.warmup, compiled)
     peaks, peak = (measured.before, measured.after), measured.flops
     load = os.getloadavg()[0]
     # the projections' rate: the higher of a reading before the steps and one after (as the peak)
     gemm = max(projection_before, steps.projection_rate(T, cfg.model.d_model, dtype)) / peak
     count = parameter_count(build_model(cfg.model, data.n_items, cfg.data.max_len, device="meta"))
-    rows, base = [], None
-    for (impl, compiled), (recs, warmup_s, rss) in timed.items():
+    rows, base = [], {}
+    for (path, impl, compiled), (recs, warmup_s, rss) in timed.items():
+        nominal = nominals[path]
         step_s = [sum(r[f"{p}_s"] for p in PHASES if p != "data") for r in recs]
         total_s, flops, loss_flops = sum(step_s), sum(r["flops"] for r in recs), sum(r["loss_flops"] for r in recs)
         step_ms = statistics.median(step_s) * 1e3
-        base = step_ms if (impl, compiled) == ("reference", False) else base
+        if (impl, compiled) == ("reference", False):
+            base[path] = step_ms  # each path's speedup is against its own reference row
         gemm_ms, mfu_bound = steps.gemm_bound(T, flops / len(recs), loss_flops / len(recs), cfg, gemm, peak)
         n_warm = max(args.warmup, 3) if compiled else args.warmup
         rows.append({
             "attention_impl": impl, "compiled": compiled, "auto": impl == auto and not compiled,
             "precision": cfg.model.precision,
-            "isa": hardware.isa.current(), "cpu_model": hardware.isa.cpu_model(),  # grlib._C's path, the CPU
+            "isa": path, "cpu_model": hardware.isa.cpu_model(),  # grlib._C's path, the CPU
             "d_model": cfg.model.d_model, "n_layers": cfg.model.n_layers,
             "n_heads": cfg.model.n_heads, "batch": cfg.train.batch_size, "max_len": cfg.data.max_len,
             "params": count.total, "tokens_per_step": T, "real_fraction": T / (cfg.train.batch_size * cfg.data.max_len),
@@ -120,8 +136,8 @@ def run(args: argparse.Namespace) -> list[dict]:
             "recompute_layers": cfg.model.recompute_layers, **rss,
         })
     for row in rows:
-        row["speedup_vs_reference"] = base / row["step_ms"] if base else float("nan")
-    print_table([{k: r[k] for k in ("attention_impl", "compiled", "auto", "step_ms", "step_cpu_ms", "compile_s",
+        row["speedup_vs_reference"] = base[row["isa"]] / row["step_ms"] if row["isa"] in base else float("nan")
+    print_table([{k: r[k] for k in ("attention_impl", "isa", "compiled", "auto", "step_ms", "step_cpu_ms", "compile_s",
                                     "forward_share", "loss_share", "backward_share", "optimizer_share",
                                     "gemm_share_of_peak", "gemm_bound_ms", "other_ms", "mfu", "mfu_nominal",
                                     "mfu_on_cpu", "mfu_gemm_bound", "mfu_with_loss",
@@ -135,7 +151,9 @@ def run(args: argparse.Namespace) -> list[dict]:
                 + f"peak_rss_mb: the process's peak resident set while a row's model was built and its steps ran "
                 f"({rows[0]['peak_rss_since']}: {'reset before each row' if rows[0]['peak_rss_since'] == 'row' else 'since the process started'})\n"
                 f"mfu: against the {measured.describe()}\n"
-                f"mfu_nominal: against the {nominal.describe()}\n"
+                + "".join(f"mfu_nominal{f' ({path})' if len(isas) > 1 else ''}: against the {n.describe()}\n"
+                          for path, n in nominals.items())
+                + f"CPU {hardware.isa.cpu_model()}; grlib._C paths {', '.join(isas)}; torch's GEMMs as the libraries choose\n"
                 f"gemm_bound_ms / mfu_gemm_bound: the step if nothing but its GEMMs took time (projections at "
                 f"gemm_share_of_peak, the loss's logit GEMMs at the peak); other_ms = step_ms - gemm_bound_ms\n"
                 f"The paper's 54.71% MFU compares with mfu_nominal (a nominal peak, NVIDIA's convention).")
