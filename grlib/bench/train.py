@@ -79,15 +79,15 @@ def run(args: argparse.Namespace) -> list[dict]:
     impls = ops.runnable("hstu_attention", "cpu") if args.impls == "all" else tuple(args.impls.split(","))
     auto = ops.choose("hstu_attention", "cpu", "auto")
     variants = [(impl, False) for impl in impls] + ([("reference", True)] if args.compile else [])
-    data, batches = steps.batches(cfg, max(args.warmup, 3) + args.steps)
     dtype = COMPUTE_DTYPES[cfg.model.precision]
     isas = list(dict.fromkeys(args.isa or [hardware.isa.current()]))
     nominals = {}
-    for path in isas:  # an unavailable path, or bf16 on a path without it: an error before any row
+    for path in isas:  # an unavailable path, or bf16 on a path without it: an error before the data is made
         with hardware.isa.use(path):
             if cfg.model.precision == "bf16":
-                hardware.isa.require_bf16(f"--isa {path} with model.precision=bf16")
+                hardware.isa.require_bf16(f"--isa {path} with model.precision=bf16" if args.isa else "model.precision=bf16")
             nominals[path] = hardware.nominal_peak(str(dtype).removeprefix("torch."), threads=torch.get_num_threads())
+    data, batches = steps.batches(cfg, max(args.warmup, 3) + args.steps)
     T = int(np.mean([b.item_ids.numel() for b in batches]))
     projection_before = steps.projection_rate(T, cfg.model.d_model, dtype)
     timed = {}
