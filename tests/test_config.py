@@ -19,7 +19,6 @@ def test_named_scales_exist_and_load():
     assert read_params()["scale"] in scale_names()
 
 
-
 def test_quick_in_params_is_a_bool(tmp_path):
     """params.yaml's `quick` reaches the ablation notebooks as `-p quick ${quick}` (dvc.yaml)."""
     assert read_params()["quick"] is False  # the committed pipeline runs the full grids
@@ -28,6 +27,7 @@ def test_quick_in_params_is_a_bool(tmp_path):
     bad.write_text(text.replace("\nquick: false\n", "\nquick: sometimes\n", 1))
     with pytest.raises(ConfigError, match=f"^{bad}: quick must be true or false, got 'sometimes'$"):
         read_params(bad)
+
 
 def test_unknown_scale_lists_valid_ones():
     with pytest.raises(ConfigError, match="unknown scale 'huge'; valid scales: smoke, laptop, server, paper"):

@@ -55,7 +55,6 @@ def test_parameters_are_matched_by_whole_name(project):
                                                                                 "ablation_overrides"]
 
 
-
 def test_a_bool_parameter_takes_only_true_or_false(project):
     """`fail = False` in the parameters cell: `-p fail maybe` would be a truthy string in the kernel."""
     path = project / "notebooks" / "x.ipynb"
@@ -65,6 +64,7 @@ def test_a_bool_parameter_takes_only_true_or_false(project):
             notebooks.run_notebook("x", "smoke", {"fail": value}, output=project / "out.ipynb")
     assert not (project / "out.ipynb").exists()
     assert notebooks.run_notebook("x", "smoke", {"fail": "false"}, output=project / "out.ipynb").exists()
+
 
 def test_failed_run_keeps_the_last_good_notebook_and_saves_the_failed_one(project, capsys):
     out = project / "executed" / "x.ipynb"

@@ -78,19 +78,22 @@ def notebook_path(name: str) -> Path:
     return path
 
 
-def parameter_names(path: Path) -> list[str]:
-    """Names assigned at the top level of the notebook's one cell tagged `parameters`."""
+def parameters_cell(path: Path) -> ast.Module:
+    """The parsed source of the notebook's one cell tagged `parameters`."""
     cells = json.loads(path.read_text())["cells"]
     tagged = [c for c in cells if "parameters" in c.get("metadata", {}).get("tags", [])]
     if len(tagged) != 1:
         raise NotebookError(f"{path}: needs exactly one cell tagged 'parameters', found {len(tagged)}")
-    source = "".join(tagged[0]["source"])
     try:
-        tree = ast.parse(source)
+        return ast.parse("".join(tagged[0]["source"]))
     except SyntaxError as err:
         raise NotebookError(f"{path}: parameters cell, line {err.lineno}: {err.msg}") from None
+
+
+def parameter_names(path: Path, tree: ast.Module | None = None) -> list[str]:
+    """Names assigned at the top level of the notebook's parameters cell."""
     names: list[str] = []
-    for node in tree.body:
+    for node in (tree or parameters_cell(path)).body:
         targets = node.targets if isinstance(node, ast.Assign) else \
             [node.target] if isinstance(node, (ast.AnnAssign, ast.AugAssign)) else []
         for target in targets:
@@ -98,18 +101,21 @@ def parameter_names(path: Path) -> list[str]:
     return names
 
 
-def parameter_defaults(path: Path) -> dict[str, Any]:
-    """The literal values the parameters cell assigns to plain names (name = <literal>)."""
-    cells = json.loads(path.read_text())["cells"]
-    tagged = [c for c in cells if "parameters" in c.get("metadata", {}).get("tags", [])]
-    defaults: dict[str, Any] = {}
-    for node in ast.parse("".join(tagged[0]["source"])).body if len(tagged) == 1 else []:
+def literal_assignments(tree: ast.Module) -> dict[str, Any]:
+    """The values of `name = <literal>` statements at the top level of a cell (others left out)."""
+    values: dict[str, Any] = {}
+    for node in tree.body:
         if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
             try:
-                defaults[node.targets[0].id] = ast.literal_eval(node.value)
+                values[node.targets[0].id] = ast.literal_eval(node.value)
             except ValueError:
-                pass  # not a literal: no default to compare with
-    return defaults
+                pass  # not a literal: no value to compare with
+    return values
+
+
+def parameter_defaults(path: Path) -> dict[str, Any]:
+    """The literal defaults of the notebook's parameters cell (name = <literal>)."""
+    return literal_assignments(parameters_cell(path))
 
 
 def run_notebook(name: str, scale: str | None = None, parameters: dict[str, Any] | None = None,
@@ -125,12 +131,13 @@ def run_notebook(name: str, scale: str | None = None, parameters: dict[str, Any]
     config.load_config(scale)  # fail early, with the list of valid scales
     params["scale"] = scale
     path = notebook_path(name)
-    defined = parameter_names(path)
+    cell = parameters_cell(path)
+    defined = parameter_names(path, cell)
     unknown = [k for k in params if k not in defined]
     if unknown:
         raise NotebookError(f"{path}: parameters {unknown} are not defined in its parameters cell "
                             f"(it defines: {', '.join(defined)})")
-    for key, default in parameter_defaults(path).items():
+    for key, default in literal_assignments(cell).items():
         if isinstance(default, bool) and key in params and not isinstance(params[key], bool):
             raise NotebookError(f"parameter {key}={params[key]!r}: {path.name} expects true or false "
                                 f"(its default is {default})")
