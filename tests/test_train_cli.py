@@ -90,6 +90,28 @@ def test_bench_train_runs_each_isa_path_in_one_run(isolated_outputs, capsys):
     assert f"--isa {paths[-1]} with model.precision=bf16: bf16 is not available on this CPU" in err
 
 
+def test_bench_train_recompute_per_row(isolated_outputs, capsys):
+    """IMPL:recompute: that row recomputes every layer in backward (4 GEMM passes in its bound), and a
+    row's speedup is against the reference row of the same recomputation where the run has one."""
+    out = isolated_outputs / "bench.json"
+    assert main(["bench", "train", "--scale", "smoke", "--steps", "1", "--warmup", "1", "--impls",
+                 "cpu,cpu:recompute,reference:recompute", "--no-compile", "--top", "0", "--json", str(out)]) == 0
+    rows = json.loads(out.read_text())
+    assert [(r["attention_impl"], r["recompute_layers"]) for r in rows] == [("cpu", False), ("cpu", True),
+                                                                            ("reference", True)]
+    ref = rows[-1]["step_ms"]
+    for r in rows:
+        assert r["reference_recompute_layers"] is True
+        assert r["speedup_vs_reference"] == pytest.approx(ref / r["step_ms"])
+        d, T, peak = r["d_model"], r["tokens_per_step"], r["peak_flops"]
+        passes = 4 if r["recompute_layers"] else 3
+        gemm_s = passes * 10 * r["n_layers"] * T * d * d / (r["gemm_share_of_peak"] * peak) + r["loss_flops_per_step"] / peak
+        assert r["gemm_bound_ms"] == pytest.approx(gemm_s * 1e3)
+    assert "recompute_layers: every layer recomputed in backward" in capsys.readouterr().out
+    assert main(["bench", "train", "--scale", "smoke", "--impls", "cpu:fast", "--top", "0", "--no-compile"]) == 2
+    assert "--impls 'cpu:fast': the only suffix is ':recompute'" in capsys.readouterr().err
+
+
 @pytest.mark.skipif(isa.bf16_missing() is not None,
                     reason="no bf16 GEMMs on this CPU (or GRLIB_ISA below avx512): tests/test_isa.py checks the refusal")
 def test_bench_train_bf16_divides_by_the_bf16_peaks(isolated_outputs, capsys):

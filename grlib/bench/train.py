@@ -49,7 +49,10 @@ from grlib.config.choices import MODEL_PRECISIONS
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--steps", type=int, default=8, help="timed training steps per implementation")
     p.add_argument("--warmup", type=int, default=2, help="untimed steps first (the compiled row: at least 3)")
-    p.add_argument("--impls", default="all", help="comma-separated hstu_attention impls (default: all that run on CPU)")
+    p.add_argument("--impls", default="all",
+                   help="comma-separated hstu_attention impls (default: all that run on CPU); IMPL:recompute runs "
+                        "that row with every layer recomputed in backward (model.recompute_layers), e.g. "
+                        "cpu,reference:recompute where the padded model's activations would not fit in memory")
     p.add_argument("--compile", action=argparse.BooleanOptionalAction, default=True,
                    help="add the torch.compile row of the plain-PyTorch model (default: on)")
     p.add_argument("--top", type=int, default=15, help="top ops to print from a profile of the auto row (0: none)")
@@ -64,11 +67,24 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "torch's GEMM libraries keep their own code (docs/HARDWARE.md)")
 
 
+RECOMPUTE = "recompute"  # --impls IMPL:recompute
+
+
+def parse_impl(token: str, recompute: bool) -> tuple[str, bool]:
+    """'cpu' -> ('cpu', the config's model.recompute_layers); 'reference:recompute' -> ('reference', True)."""
+    impl, sep, suffix = token.strip().partition(":")
+    if sep and suffix != RECOMPUTE:
+        from grlib.config import ConfigError
+
+        raise ConfigError(f"--impls {token!r}: the only suffix is ':{RECOMPUTE}' (every layer recomputed in backward)")
+    return impl, recompute or bool(sep)
+
+
 def run(args: argparse.Namespace) -> list[dict]:
     import numpy as np
     import torch
 
-    from grlib import hardware, ops, perf, results, threads
+    from grlib import gemm_limits, hardware, ops, perf, results, threads
     from grlib.bench import train_steps as steps
     from grlib.model import build_model, parameter_count
     from grlib.model.hstu import COMPUTE_DTYPES
@@ -76,9 +92,12 @@ def run(args: argparse.Namespace) -> list[dict]:
 
     set_threads(args.threads)
     cfg = config_from_args(args, {"model.name": "hstu", "model.precision": args.precision})  # -o model.d_model=512
-    impls = ops.runnable("hstu_attention", "cpu") if args.impls == "all" else tuple(args.impls.split(","))
+    recompute = cfg.model.recompute_layers
+    impls = ([(i, recompute) for i in ops.runnable("hstu_attention", "cpu")] if args.impls == "all"
+             else [parse_impl(token, recompute) for token in args.impls.split(",")])
     auto = ops.choose("hstu_attention", "cpu", "auto")
-    variants = [(impl, False) for impl in impls] + ([("reference", True)] if args.compile else [])
+    # (attention impl, whole model under torch.compile, every layer recomputed in backward)
+    variants = [(impl, False, rc) for impl, rc in impls] + ([("reference", True, recompute)] if args.compile else [])
     dtype = COMPUTE_DTYPES[cfg.model.precision]
     isas = list(dict.fromkeys(args.isa or [hardware.isa.current()]))
     nominals = {}
@@ -92,11 +111,11 @@ def run(args: argparse.Namespace) -> list[dict]:
     projection_before = steps.projection_rate(T, cfg.model.d_model, dtype)
     timed = {}
     with perf.measured_peak(dtype=dtype) as measured:
-        for impl, compiled in variants:
+        for impl, compiled, rc in variants:
             for path in isas:  # the paths alternate row by row: their ratios come from the same minutes
                 with hardware.isa.use(path):
-                    timed[(path, impl, compiled)] = steps.time_steps(
-                        cfg.replace({"model.attention_impl": impl}), data, batches,
+                    timed[(path, impl, compiled, rc)] = steps.time_steps(
+                        cfg.replace({"model.attention_impl": impl, "model.recompute_layers": rc}), data, batches,
                         max(args.warmup, 3) if compiled else args.warmup, compiled)
     peaks, peak = (measured.before, measured.after), measured.flops
     load = os.getloadavg()[0]
@@ -104,19 +123,20 @@ def run(args: argparse.Namespace) -> list[dict]:
     gemm = max(projection_before, steps.projection_rate(T, cfg.model.d_model, dtype)) / peak
     count = parameter_count(build_model(cfg.model, data.n_items, cfg.data.max_len, device="meta"))
     rows, base = [], {}
-    for (path, impl, compiled), (recs, warmup_s, rss) in timed.items():
-        nominal = nominals[path]
+    for (path, impl, compiled, rc), (recs, warmup_s, rss) in timed.items():
+        nominal, row_cfg = nominals[path], cfg.replace({"model.recompute_layers": rc})
         step_s = [sum(r[f"{p}_s"] for p in PHASES if p != "data") for r in recs]
         total_s, flops, loss_flops = sum(step_s), sum(r["flops"] for r in recs), sum(r["loss_flops"] for r in recs)
         step_ms = statistics.median(step_s) * 1e3
         if (impl, compiled) == ("reference", False):
-            base[path] = step_ms  # each path's speedup is against its own reference row
-        gemm_ms, mfu_bound = steps.gemm_bound(T, flops / len(recs), loss_flops / len(recs), cfg, gemm, peak)
+            base[(path, rc)] = step_ms  # each path's speedup is against its own reference row
+        gemm_ms, mfu_bound = steps.gemm_bound(T, flops / len(recs), loss_flops / len(recs), row_cfg, gemm, peak)
         n_warm = max(args.warmup, 3) if compiled else args.warmup
         rows.append({
             "attention_impl": impl, "compiled": compiled, "auto": impl == auto and not compiled,
             "precision": cfg.model.precision,
             "isa": path, "cpu_model": hardware.isa.cpu_model(),  # grlib._C's path, the CPU
+            "gemm_limit": gemm_limits.describe(),  # the GEMM libraries' limits: this process's, whatever the path
             "d_model": cfg.model.d_model, "n_layers": cfg.model.n_layers,
             "n_heads": cfg.model.n_heads, "batch": cfg.train.batch_size, "max_len": cfg.data.max_len,
             "params": count.total, "tokens_per_step": T, "real_fraction": T / (cfg.train.batch_size * cfg.data.max_len),
@@ -133,11 +153,14 @@ def run(args: argparse.Namespace) -> list[dict]:
             "loss_flops_per_step": loss_flops / len(recs), "mfu_with_loss": perf.mfu(flops + loss_flops, total_s, peak),
             "mfu_with_loss_nominal": perf.mfu(flops + loss_flops, total_s, nominal.flops),
             "gemm_bound_ms": gemm_ms, "other_ms": step_ms - gemm_ms, "mfu_gemm_bound": mfu_bound,
-            "recompute_layers": cfg.model.recompute_layers, **rss,
+            "recompute_layers": rc, **rss,
         })
-    for row in rows:
-        row["speedup_vs_reference"] = base[row["isa"]] / row["step_ms"] if row["isa"] in base else float("nan")
-    print_table([{k: r[k] for k in ("attention_impl", "isa", "compiled", "auto", "step_ms", "step_cpu_ms", "compile_s",
+    for row in rows:  # against the reference row of the same path and recomputation, else of the same path
+        key = (row["isa"], row["recompute_layers"])
+        key = key if key in base else next((k for k in base if k[0] == row["isa"]), None)
+        row["speedup_vs_reference"] = base[key] / row["step_ms"] if key else float("nan")
+        row["reference_recompute_layers"] = key[1] if key else None  # what that reference row recomputed
+    print_table([{k: r[k] for k in ("attention_impl", "isa", "compiled", "recompute_layers", "auto", "step_ms", "step_cpu_ms", "compile_s",
                                     "forward_share", "loss_share", "backward_share", "optimizer_share",
                                     "gemm_share_of_peak", "gemm_bound_ms", "other_ms", "mfu", "mfu_nominal",
                                     "mfu_on_cpu", "mfu_gemm_bound", "mfu_with_loss",
@@ -146,14 +169,16 @@ def run(args: argparse.Namespace) -> list[dict]:
                 f"({cfg.model.precision}; loss {cfg.negatives.precision}), "
                 f"{count}; batch {cfg.train.batch_size} x max_len {cfg.data.max_len} ({T} tokens per step); "
                 f"{args.steps} timed steps each; {threads.describe()}; load average {load:.2f}\n"
-                + ("every layer recomputed in backward (model.recompute_layers): MFU counts the model's FLOPs once, "
-                   "not the recomputed forward\n" if cfg.model.recompute_layers else "")
+                + ("recompute_layers: every layer recomputed in backward (model.recompute_layers); MFU counts the "
+                   "model's FLOPs once, not the recomputed forward; speedup_vs_reference: against the reference row "
+                   "of the same recomputation where there is one\n" if any(r["recompute_layers"] for r in rows) else "")
                 + f"peak_rss_mb: the process's peak resident set while a row's model was built and its steps ran "
                 f"({rows[0]['peak_rss_since']}: {'reset before each row' if rows[0]['peak_rss_since'] == 'row' else 'since the process started'})\n"
                 f"mfu: against the {measured.describe()}\n"
                 + "".join(f"mfu_nominal{f' ({path})' if len(isas) > 1 else ''}: against the {n.describe()}\n"
                           for path, n in nominals.items())
-                + f"CPU {hardware.isa.cpu_model()}; grlib._C paths {', '.join(isas)}; torch's GEMMs as the libraries choose\n"
+                + f"CPU {hardware.isa.cpu_model()}; grlib._C paths {', '.join(isas)}; torch's GEMM libraries limited by: "
+                f"{gemm_limits.describe()} (grlib.gemm_limits: GRLIB_ISA when the process starts)\n"
                 f"gemm_bound_ms / mfu_gemm_bound: the step if nothing but its GEMMs took time (projections at "
                 f"gemm_share_of_peak, the loss's logit GEMMs at the peak); other_ms = step_ms - gemm_bound_ms\n"
                 f"The paper's 54.71% MFU compares with mfu_nominal (a nominal peak, NVIDIA's convention).")

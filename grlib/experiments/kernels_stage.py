@@ -52,7 +52,7 @@ import altair as alt
 import polars as pl
 import torch
 
-from grlib import hardware, plots, progress, results
+from grlib import gemm_limits, hardware, plots, progress, results
 from grlib.config import Config, KernelsAblation, KernelsConfig
 from grlib.hardware import isa
 from grlib.experiments import claims
@@ -225,6 +225,8 @@ def measure(cfg, ablation: KernelsAblation, table: str, batch: int | None = None
         with isa.use(spec["isa"]):  # the child inherits GRLIB_ISA
             row = run_child(spec) if kc.isolate else _in_process(spec)
         row["isolated"] = kc.isolate
+        # the GEMM libraries' limits the row ran under: its child's (its path's, run_child), else this process's
+        row["gemm_limit"] = gemm_limits.describe(gemm_limits.limited_environ(spec["isa"]) if kc.isolate else None)
         row["load_1m"] = os.getloadavg()[0]  # the machine's load as the row was measured
         row["cpu_model"] = isa.cpu_model()
         rows.append(row)
@@ -271,7 +273,8 @@ def matmul_peak_gflops(dtype: torch.dtype, threads: int | None = None) -> float:
 def run_child(spec: dict) -> dict:
     """One measurement in a fresh interpreter (an honest peak-RSS baseline); returns its row."""
     cmd = [sys.executable, "-m", "grlib.experiments.kernels_stage", "--child", json.dumps(spec)]
-    proc = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "GRLIB_PROGRESS": "0"})
+    env = gemm_limits.limited_environ(spec.get("isa"), {**os.environ, "GRLIB_PROGRESS": "0"})  # its path's GEMMs
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
     if proc.returncode != 0:
         raise RuntimeError(f"bench kernels: measuring {spec} failed (exit {proc.returncode}):\n"
                            f"{proc.stderr[-3000:]}")

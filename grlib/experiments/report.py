@@ -171,7 +171,9 @@ def _mfu_rows(scale: str, label: str) -> list[Found]:
     mfu, preset = registry.target("C7.mfu"), _preset(scale)
     table = table.with_columns((pl.col("precision").fill_null("fp32") if "precision" in table.columns
                                 else pl.lit("fp32")).alias("precision"))  # rows before bf16 mode: fp32
-    rows = results.latest(table.filter(pl.col("auto")), [*SHAPE, "precision"]).to_dicts()
+    table = table.with_columns((pl.col("recompute_layers").fill_null(False) if "recompute_layers" in table.columns
+                                else pl.lit(False)).alias("recompute_layers"))  # rows before the column: none
+    rows = results.latest(table.filter(pl.col("auto")), [*SHAPE, "precision", "recompute_layers"]).to_dicts()
     rows.sort(key=lambda r: (tuple(r[k] for k in SHAPE) != preset, *(r[k] for k in SHAPE), r["precision"] != "fp32"))
     found = []
     for r in rows:
@@ -191,9 +193,12 @@ def _mfu_rows(scale: str, label: str) -> list[Found]:
         else:
             how += (f"of the fp32 GEMM peak measured in the run ({r['peak_flops'] / 1e9:.0f} GFLOP/s; "
                     f"the row records no nominal peak)")
-        if ref.height:
+        if ref.height:  # the reference row of the same recomputation where the run has one
+            same = ref.filter(pl.col("recompute_layers") == r["recompute_layers"])
+            ref = same if same.height else ref
             ref_value = ref["mfu_nominal"][0] if nominal is not None else ref["mfu"][0]
-            how += f"; padded reference {Figure.of(ref_value, mfu.unit).short()}"
+            how += (f"; padded reference {Figure.of(ref_value, mfu.unit).short()}"
+                    f"{' (layers recomputed)' if ref['recompute_layers'][0] and not r['recompute_layers'] else ''}")
         if r.get("mfu_gemm_bound") is not None:  # rows since bench train's GEMM-only bound
             how += (f"; GEMMs alone {r['gemm_bound_ms']:.0f} ms of the step: "
                     f"{Figure.of(r['mfu_gemm_bound'], mfu.unit).short()} of the measured peak if nothing else took time")
