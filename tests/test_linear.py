@@ -3,6 +3,8 @@ on random shapes (empty and one-row inputs included), float32 and bfloat16; bad 
 parameter; FlopCounterMode counts its GEMMs."""
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 from hypothesis import given, settings
@@ -49,35 +51,63 @@ def test_onednn_matches_reference(lead, n_in, n_out, bias, dtype, seed):
 
 
 @pytest.fixture
-def fresh_choice():
-    from grlib.ops import matmul
+def fresh_choice(monkeypatch, tmp_path):
+    """grlib.ops.gemm_choice with an empty cache folder of its own and nothing remembered."""
+    from grlib.ops import gemm_choice
 
-    matmul.cpu_linear_impl.cache_clear()
-    yield matmul
-    matmul.cpu_linear_impl.cache_clear()
+    monkeypatch.setenv("GRLIB_CACHE", str(tmp_path / "cache"))
+    monkeypatch.delenv("GRLIB_GEMM", raising=False)
+    gemm_choice.record.cache_clear()
+    yield gemm_choice
+    gemm_choice.record.cache_clear()
 
 
-@pytest.mark.parametrize("vendor, forced, impl", [("GenuineIntel", "", "reference"), ("AuthenticAMD", "", "onednn"),
-                                                  ("GenuineIntel", "onednn", "onednn"), ("AuthenticAMD", "blas", "reference"),
-                                                  ("ARM", "", "onednn")])
-def test_auto_takes_the_gemm_library_of_the_cpu_or_grlib_gemm(monkeypatch, fresh_choice, vendor, forced, impl):
-    import dataclasses
-
-    from grlib.hardware import nominal
-
-    info = dataclasses.replace(nominal.cpu_info(), vendor=vendor)
-    monkeypatch.setattr(nominal, "cpu_info", lambda: info)
-    monkeypatch.setenv("GRLIB_GEMM", forced)
-    assert fresh_choice.cpu_linear_impl() == impl
+@pytest.mark.parametrize("times, impl", [({"blas": 5.0, "onednn": 9.0}, "reference"),
+                                         ({"blas": 9.0, "onednn": 5.0}, "onednn")])
+def test_auto_takes_the_library_measured_faster_and_keeps_it(monkeypatch, fresh_choice, times, impl):
     calls = []
+    monkeypatch.setattr(fresh_choice, "time_libraries", lambda: calls.append(1) or dict(times))
+    assert fresh_choice.cpu_linear_impl() == impl and calls == [1]
+    (kept,) = (fresh_choice.cache_dir()).glob("gemm-choice-*.json")
+    assert "measured" in fresh_choice.describe() and str(kept) in fresh_choice.describe()
+    # a later process reads the record: no second measurement, the same choice
+    fresh_choice.record.cache_clear()
+    assert fresh_choice.cpu_linear_impl() == impl and calls == [1]
+    calls_linear = []
     for name in ("reference", "onednn"):
         real = ops.registry.resolve("linear", "cpu", name)
         monkeypatch.setitem(ops.registry._LOADED, ("linear", name),
-                            lambda *a, name=name, real=real: calls.append(name) or real(*a))
-    x, w = torch.randn(3, 4), torch.randn(2, 4)
-    ops.linear(x, w)
-    assert calls == [impl]  # float32 follows the choice
+                            lambda *a, name=name, real=real: calls_linear.append(name) or real(*a))
+    ops.linear(torch.randn(3, 4), torch.randn(2, 4))
+    assert calls_linear == [impl]  # float32 follows the choice
     assert ops.choose("linear", "cpu") == "onednn"  # the registry's own order is unchanged
+
+
+def test_the_first_record_wins_and_the_key_follows_the_gemm_limits(monkeypatch, fresh_choice):
+    monkeypatch.setattr(fresh_choice, "time_libraries", lambda: {"blas": 9.0, "onednn": 5.0})
+    path = fresh_choice._record_path(fresh_choice.machine_key())
+    # another process recorded blas while this one measured: its record stands, in both processes
+    kept = fresh_choice._write_once(path, {"library": "blas", "ms": {"blas": 1.0, "onednn": 2.0}})
+    assert kept["library"] == "blas"
+    assert fresh_choice._write_once(path, {"library": "onednn"})["library"] == "blas"
+    assert fresh_choice.cpu_linear_impl() == "reference"
+    assert not list(path.parent.glob(".*.tmp"))  # no temporary file left behind
+    other = "SSE41" if os.environ.get("ONEDNN_MAX_CPU_ISA") != "SSE41" else "AVX2"
+    monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", other)  # other limits: another machine key, measured anew
+    assert fresh_choice._record_path(fresh_choice.machine_key()) != path
+
+
+@pytest.mark.parametrize("forced, impl", [("onednn", "onednn"), ("blas", "reference"), (" BLAS ", "reference")])
+def test_grlib_gemm_forces_a_library_without_measuring(monkeypatch, fresh_choice, forced, impl):
+    monkeypatch.setattr(fresh_choice, "time_libraries", lambda: pytest.fail("measured despite GRLIB_GEMM"))
+    monkeypatch.setenv("GRLIB_GEMM", forced)
+    assert fresh_choice.cpu_linear_impl() == impl
+    assert "forced by GRLIB_GEMM" in fresh_choice.describe()
+
+
+def test_the_measurement_times_both_libraries(fresh_choice):
+    ms = fresh_choice.time_libraries(shape=(64, 32, 48), repeats=1)
+    assert set(ms) == {"blas", "onednn"} and all(t > 0 for t in ms.values())
 
 
 def test_a_bad_grlib_gemm_is_named(monkeypatch, fresh_choice):

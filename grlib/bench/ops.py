@@ -3,8 +3,8 @@
 Lengths follow KuaiRand-27K scaled so p99 = max_len. Ratios are against `reference` measured in
 the same run; rows go to results/tables/bench_ops.parquet. Also HSTU's fused projection, a linear
 layer [T, dim] x [4 dim, dim]^T forward + backward, through torch's BLAS (`reference`: MKL in
-torch's x86 wheels) and oneDNN, where `auto` marks what the CPU's vendor picks
-(grlib.ops.matmul.cpu_linear_impl); each row names the CPU model.
+torch's x86 wheels) and oneDNN, where `auto` marks the library measured faster on this machine
+(grlib.ops.gemm_choice: once per machine, then kept); each row names the CPU model.
 """
 from __future__ import annotations
 
@@ -46,7 +46,7 @@ def run(args: argparse.Namespace) -> list[dict]:
 
     from grlib import hardware, ops
     from grlib.experiments.measure import kuairand_lengths, median_ms
-    from grlib.ops import matmul as _matmul
+    from grlib.ops import gemm_choice, matmul as _matmul
 
     cfg = config_from_args(args)
     lengths = torch.from_numpy(kuairand_lengths(args.batch, args.max_len, "scaled"))
@@ -69,7 +69,7 @@ def run(args: argparse.Namespace) -> list[dict]:
     for r in rows:
         r.update(cpu_model=hardware.isa.cpu_model(), isa=hardware.isa.current())
     print_table(rows, f"bench ops: B={args.batch} max_len={args.max_len} D={args.dim} on {hardware.isa.cpu_model()} "
-                      f"(auto: what impl='auto' runs here; linear by grlib.ops.matmul.cpu_linear_impl) "
+                      f"(auto: what impl='auto' runs here; linear: {gemm_choice.describe()}) "
                       f"(tokens {int(lengths.sum())}, {int(lengths.sum()) / (args.batch * args.max_len):.0%} of padded)")
     results.append_rows("bench_ops", rows, cfg)
     return rows

@@ -85,6 +85,7 @@ def run(args: argparse.Namespace) -> list[dict]:
     import torch
 
     from grlib import gemm_limits, hardware, ops, perf, results, threads
+    from grlib.ops import gemm_choice
     from grlib.bench import train_steps as steps
     from grlib.model import build_model, parameter_count
     from grlib.model.hstu import COMPUTE_DTYPES
@@ -137,6 +138,7 @@ def run(args: argparse.Namespace) -> list[dict]:
             "precision": cfg.model.precision,
             "isa": path, "cpu_model": hardware.isa.cpu_model(),  # grlib._C's path, the CPU
             "gemm_limit": gemm_limits.describe(),  # the GEMM libraries' limits: this process's, whatever the path
+            "gemm_auto": gemm_choice.record()["library"], "gemm_auto_how": gemm_choice.describe(),  # fp32 projections
             "d_model": cfg.model.d_model, "n_layers": cfg.model.n_layers,
             "n_heads": cfg.model.n_heads, "batch": cfg.train.batch_size, "max_len": cfg.data.max_len,
             "params": count.total, "tokens_per_step": T, "real_fraction": T / (cfg.train.batch_size * cfg.data.max_len),
@@ -178,7 +180,8 @@ def run(args: argparse.Namespace) -> list[dict]:
                 + "".join(f"mfu_nominal{f' ({path})' if len(isas) > 1 else ''}: against the {n.describe()}\n"
                           for path, n in nominals.items())
                 + f"CPU {hardware.isa.cpu_model()}; grlib._C paths {', '.join(isas)}; torch's GEMM libraries limited by: "
-                f"{gemm_limits.describe()} (grlib.gemm_limits: GRLIB_ISA when the process starts)\n"
+                f"{gemm_limits.describe()} (grlib.gemm_limits: GRLIB_ISA when the process starts); fp32 projections "
+                f"through {gemm_choice.describe()}\n"
                 f"gemm_bound_ms / mfu_gemm_bound: the step if nothing but its GEMMs took time (projections at "
                 f"gemm_share_of_peak, the loss's logit GEMMs at the peak); other_ms = step_ms - gemm_bound_ms\n"
                 f"The paper's 54.71% MFU compares with mfu_nominal (a nominal peak, NVIDIA's convention).")

@@ -55,6 +55,11 @@ def _first_cpu() -> dict[str, str]:
     return {k.strip(): v.strip() for k, _, v in (line.partition(":") for line in block.splitlines())}
 
 
+def cpu_fields() -> dict[str, str]:
+    """The first CPU's fields in /proc/cpuinfo ("model name", "cpu family", ...; empty where there is none)."""
+    return dict(_first_cpu())
+
+
 def cpu_flags() -> frozenset[str]:
     """The first CPU's flags in /proc/cpuinfo (empty where there is none)."""
     first = _first_cpu()

@@ -25,14 +25,14 @@ aten's copy_; x^T [in, N] is made by grlib.ops.transpose_copy instead (the compi
 
 transpose_copy(x): x [M, N] -> x^T [N, M] contiguous; reference x.t().contiguous().
 
-Which one `auto` takes for float32 on CPU (cpu_linear_impl): the CPU's vendor decides, by what was
-measured, with GRLIB_GEMM=onednn|blas to force one. AMD (and any non-Intel CPU): onednn, for the
-reason above. Intel: reference (MKL): on the 2-core Intel Xeon VM here (family 6 model 0xa7,
-AVX-512), a linear layer's forward + backward ran 1.05-1.3x faster through MKL at the laptop
-shapes ([6900, 256] x [256, 1024] and x [256, 256]) and 1.9-2.4x faster at the paper preset's
-([8192, 1536] x [1536, 6144] and x [1536, 1536]), where oneDNN's products with a strided right
-operand (dx, dW) ran at 44-68 GFLOP/s against MKL's 150-230 (docs/MEASUREMENTS.md). bf16 inputs
-always take onednn (its bf16 GEMMs, refused where the CPU has none: grlib.hardware.isa).
+Which one `auto` takes for float32 on CPU (cpu_linear_impl): the faster of the two as measured on
+the machine at hand, once, and kept for it; GRLIB_GEMM=onednn|blas forces one (grlib.ops.gemm_choice).
+What was measured here: on the 2-core Intel Xeon VM (family 6 model 0xa7, AVX-512) a linear layer's
+forward + backward ran 1.05-1.3x faster through MKL at the laptop shapes ([6900, 256] x [256, 1024]
+and x [256, 256]) and 1.9-2.4x faster at the paper preset's ([8192, 1536] x [1536, 6144] and x
+[1536, 1536]), where oneDNN's products with a strided right operand (dx, dW) ran at 44-68 GFLOP/s
+against MKL's 150-230 (docs/MEASUREMENTS.md); on AMD (Zen 4, Zen 5) oneDNN led. bf16 inputs always
+take onednn (its bf16 GEMMs, refused where the CPU has none: grlib.hardware.isa).
 
 The oneDNN implementation computes in float32 for float32 inputs (oneDNN's default strict math
 mode; no implicit bf16 or tf32) and in bf16 with float32 accumulation for bf16 inputs; it is
@@ -40,9 +40,6 @@ tested against the reference (tests/test_linear.py). FlopCounterMode counts its 
 (a flop formula for mkldnn._linear_pointwise is registered here).
 """
 from __future__ import annotations
-
-import functools
-import os
 
 import torch
 import torch.nn.functional as F
@@ -66,30 +63,12 @@ def linear_reference(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
     return F.linear(x, weight, bias)
 
 
-GEMM_ENV = "GRLIB_GEMM"
-GEMM_CHOICES = {"onednn": "onednn", "blas": "reference"}  # GRLIB_GEMM -> the linear implementation
-
-
-@functools.cache
 def cpu_linear_impl() -> str:
-    """The linear implementation `auto` takes for float32 on CPU: GRLIB_GEMM if set, else by vendor
-    (Intel: reference, MKL; others: onednn; the module doc). Read once per process."""
-    forced = os.environ.get(GEMM_ENV, "").strip().lower()
-    if forced:
-        if forced not in GEMM_CHOICES:
-            from grlib.config import ConfigError
+    """The linear implementation `auto` takes for float32 on CPU: 'onednn' or 'reference' (BLAS),
+    measured once per machine or forced by GRLIB_GEMM (grlib.ops.gemm_choice)."""
+    from grlib.ops import gemm_choice
 
-            raise ConfigError(f"{GEMM_ENV}={os.environ[GEMM_ENV]!r}: must be one of {', '.join(GEMM_CHOICES)}")
-        return GEMM_CHOICES[forced]
-    if not torch.backends.mkldnn.is_available():
-        return "reference"
-    from grlib.hardware.nominal import cpu_info
-
-    try:
-        vendor = cpu_info().vendor
-    except (OSError, RuntimeError):  # no /proc/cpuinfo (macOS): oneDNN, as on AMD
-        vendor = ""
-    return "reference" if vendor == "GenuineIntel" else "onednn"
+    return gemm_choice.cpu_linear_impl()
 
 
 def _gemm_nt(a: Tensor, b: Tensor, bias: Tensor | None = None) -> Tensor:

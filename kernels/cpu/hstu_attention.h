@@ -101,7 +101,7 @@ void pack_rows(const scalar_t* src, int64_t stride, int64_t n, int64_t D, int64_
     T* __restrict d = dst + r * Dp;
     for (int64_t e = 0; e < D; ++e) d[e] = static_cast<T>(s[e]);
     if (act)
-      for (int64_t e = 0; e < D; ++e) d[e] = silu(d[e]) * scale;
+      silu_row(d, d, D, scale);
     else if (scale != T(1))
       for (int64_t e = 0; e < D; ++e) d[e] *= scale;
     for (int64_t e = D; e < Dp; ++e) d[e] = T(0);
@@ -120,9 +120,15 @@ void pack_cols(const scalar_t* src, int64_t stride, int64_t n, int64_t D, int64_
 }
 
 // One gradient row: dst[e] = scale * val[e] (times SiLU'(pre[e]) when the inputs are pre-activations).
-template <typename scalar_t, typename V, typename T>
-inline void write_grad(scalar_t* __restrict dst, const V* __restrict val, int64_t n, T scale,
+template <typename scalar_t, typename Val, typename T>
+inline void write_grad(scalar_t* __restrict dst, const Val* __restrict val, int64_t n, T scale,
                        const scalar_t* __restrict pre) {
+  if constexpr (std::is_same_v<scalar_t, T> && std::is_same_v<Val, T>) {
+    if (pre) {
+      silu_grad_row(val, pre, dst, n, scale);
+      return;
+    }
+  }
   if (pre)
     for (int64_t e = 0; e < n; ++e)
       dst[e] = static_cast<scalar_t>(scale * static_cast<T>(val[e]) * silu_grad(static_cast<T>(pre[e])));

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 
 #include "hstu_tiles.h"
 
@@ -196,31 +197,117 @@ struct BucketColumns {
   T sum(int64_t row) const { return row_sum(acc + row * BLK, 0, BLK); }
 };
 
+// fast_exp of every lane of a vector of floats: fast_exp(float)'s steps, in vector registers.
+inline V<float> fast_exp(V<float> x) {
+  using I = IVec<float>::type;
+  x = x < -87.3f ? V<float>{} - 87.3f : x;
+  x = 88.7f < x ? V<float>{} + 88.7f : x;
+  const V<float> fx = (x * 1.44269504088896341f + 12582912.0f) - 12582912.0f;  // nearest integer
+  x = x - fx * 0.693359375f + fx * 2.12194440e-4f;
+  V<float> y = V<float>{} + 1.9875691500e-4f;
+  y = y * x + 1.3981999507e-3f;
+  y = y * x + 8.3334519073e-3f;
+  y = y * x + 4.1665795894e-2f;
+  y = y * x + 1.6666665459e-1f;
+  y = y * x + 5.0000001201e-1f;
+  y = y * x * x + x + 1.0f;
+  const I bits = (__builtin_convertvector(fx, I) + 127) << 23;
+  V<float> scale;
+  std::memcpy(&scale, &bits, sizeof(scale));
+  return y * scale;
+}
+
+// f(c, in) for the vectors that hold [x0, x1) (c: the vector's first entry, in: its lanes inside
+// the range); each pass reads and writes whole vectors, and keeps the lanes outside (`in ? new :
+// old`). Rows must have room through round_up(x1, LANES) (a tile row of BLK values has).
+// The SiLU loops below use it for float: written as plain loops, GCC vectorised fast_exp only on
+// the avx512 path (its masked epilogue); on avx2 and generic the SiLU of every score ran one entry
+// at a time (vdivss), as long as the two tile products together (perf, 2026-12-04).
+template <typename T, typename F>
+inline void for_vectors(int64_t x0, int64_t x1, const F& f) {
+  using M = typename IVec<T>::type;
+  using E = typename IVec<T>::lane;
+  constexpr int64_t L = LANES<T>;
+  M lane;
+  for (int64_t l = 0; l < L; ++l) lane[l] = static_cast<E>(l);
+  for (int64_t c = x0 / L * L; c < x1; c += L) {
+    const M x = lane + static_cast<E>(c);
+    f(c, (x >= static_cast<E>(x0)) & (x < static_cast<E>(x1)));
+  }
+}
+
+// dst[e] = SiLU(src[e]) * scale for e < n, computed in T (dst may be src): whole vectors where S and
+// T are float, then the rest one by one; other types one by one.
+template <typename S, typename T>
+inline void silu_row(const S* src, S* dst, int64_t n, T scale) {
+  int64_t e = 0;
+  if constexpr (std::is_same_v<S, float> && std::is_same_v<T, float>)
+    for (; e + LANES<T> <= n; e += LANES<T>) {
+      const V<T> x = vload(src + e);
+      vstore(dst + e, x * (T(1) / (T(1) + fast_exp(-x))) * scale);
+    }
+  for (; e < n; ++e) dst[e] = static_cast<S>(silu(static_cast<T>(src[e])) * scale);
+}
+
+// dst[e] = scale * g[e] * SiLU'(pre[e]) for e < n (as silu_row).
+template <typename T>
+inline void silu_grad_row(const T* g, const T* pre, T* dst, int64_t n, T scale) {
+  int64_t e = 0;
+  if constexpr (std::is_same_v<T, float>)
+    for (; e + LANES<T> <= n; e += LANES<T>) {
+      const V<T> x = vload(pre + e), sg = T(1) / (T(1) + fast_exp(-x));
+      vstore(dst + e, scale * vload(g + e) * (sg * (T(1) + x * (T(1) - sg))));
+    }
+  for (; e < n; ++e) dst[e] = scale * g[e] * silu_grad(pre[e]);
+}
+
 // s[x] <- SiLU(s[x]) * inv_n
 template <typename T>
 inline void silu_scale(T* __restrict s, int64_t x0, int64_t x1, T inv_n) {
-  for (int64_t x = x0; x < x1; ++x) {
-    const T v = s[x];
-    s[x] = v * sigmoid(v) * inv_n;
+  if constexpr (std::is_same_v<T, float>) {
+    for_vectors<T>(x0, x1, [&](int64_t c, const auto& in) {
+      const V<T> v = vload(s + c);
+      vstore(s + c, in ? v * (T(1) / (T(1) + fast_exp(-v))) * inv_n : v);
+    });
+  } else {
+    for (int64_t x = x0; x < x1; ++x) {
+      const T v = s[x];
+      s[x] = v * sigmoid(v) * inv_n;
+    }
   }
 }
 
 // dw[x] <- dL/ds = dw[x] * SiLU'(s[x]) * inv_n
 template <typename T>
 inline void silu_backward(const T* __restrict s, T* __restrict dw, int64_t x0, int64_t x1, T inv_n) {
-  for (int64_t x = x0; x < x1; ++x) {
-    const T v = s[x], sg = sigmoid(v);
-    dw[x] = dw[x] * sg * (T(1) + v * (T(1) - sg)) * inv_n;
+  if constexpr (std::is_same_v<T, float>) {
+    for_vectors<T>(x0, x1, [&](int64_t c, const auto& in) {
+      const V<T> v = vload(s + c), g = vload(dw + c), sg = T(1) / (T(1) + fast_exp(-v));
+      vstore(dw + c, in ? g * sg * (T(1) + v * (T(1) - sg)) * inv_n : g);
+    });
+  } else {
+    for (int64_t x = x0; x < x1; ++x) {
+      const T v = s[x], sg = sigmoid(v);
+      dw[x] = dw[x] * sg * (T(1) + v * (T(1) - sg)) * inv_n;
+    }
   }
 }
 
 // the same, and s[x] <- SiLU(s[x]) * inv_n in place (the weights, for dV)
 template <typename T>
 inline void silu_both(T* __restrict s, T* __restrict dw, int64_t x0, int64_t x1, T inv_n) {
-  for (int64_t x = x0; x < x1; ++x) {
-    const T v = s[x], sg = sigmoid(v);
-    dw[x] = dw[x] * sg * (T(1) + v * (T(1) - sg)) * inv_n;
-    s[x] = v * sg * inv_n;
+  if constexpr (std::is_same_v<T, float>) {
+    for_vectors<T>(x0, x1, [&](int64_t c, const auto& in) {
+      const V<T> v = vload(s + c), g = vload(dw + c), sg = T(1) / (T(1) + fast_exp(-v));
+      vstore(dw + c, in ? g * sg * (T(1) + v * (T(1) - sg)) * inv_n : g);
+      vstore(s + c, in ? v * sg * inv_n : v);
+    });
+  } else {
+    for (int64_t x = x0; x < x1; ++x) {
+      const T v = s[x], sg = sigmoid(v);
+      dw[x] = dw[x] * sg * (T(1) + v * (T(1) - sg)) * inv_n;
+      s[x] = v * sg * inv_n;
+    }
   }
 }
 

@@ -53,8 +53,7 @@ std::tuple<at::Tensor, at::Tensor> hstu_uvqk_attention_fwd(
     const scalar_t* zp = z.data_ptr<scalar_t>();
     scalar_t* up = u.data_ptr<scalar_t>();
     at::parallel_for(0, rows, 256, [&](int64_t r0, int64_t r1) {
-      for (int64_t r = r0; r < r1; ++r)
-        for (int64_t e = 0; e < d; ++e) up[r * d + e] = static_cast<scalar_t>(silu(static_cast<C>(zp[r * rz + e])));
+      for (int64_t r = r0; r < r1; ++r) silu_row(zp + r * rz, up + r * d, d, C(1));
     });
   });
   out = forward(a, alpha);  // the same dtype: q, k, v are views of z
