@@ -3,7 +3,7 @@
     faces        the command line (grlib.cli, python -m grlib) and the benchmarks (grlib.bench)
     experiments  one module per notebook, each owning its method (grlib.experiments)
     library      data, model, ops, negatives, train, perf, evaluate, dist, sim (and the compiled grlib._C)
-    base         config, paths, io, results, manifest, plots, progress, threads, the log schema
+    base         config, paths, io, results, manifest, plots, progress, threads, gemm_limits, the log schema
 
 Every import of every grlib module is read with ast (module level and inside functions, `import x`
 and `from x import y`, relative ones resolved) and an import of a higher layer fails, naming the
@@ -45,6 +45,7 @@ RULES = {
     "grlib.sim": "library",  # cluster-scale models (balancing, communication)
     "grlib._C": "library",  # the compiled kernels (kernels/cpu), loaded by grlib.ops and grlib.train
     "grlib.config": "base",
+    "grlib.gemm_limits": "base",  # GRLIB_ISA's limits on the GEMM libraries, set at import like threads
     "grlib.paths": "base",
     "grlib.io": "base",
     "grlib.results": "base",

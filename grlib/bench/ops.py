@@ -46,7 +46,7 @@ def run(args: argparse.Namespace) -> list[dict]:
 
     from grlib import hardware, ops
     from grlib.experiments.measure import kuairand_lengths, median_ms
-    from grlib.ops import gemm_choice, matmul as _matmul
+    from grlib.ops import gemm_choice
 
     cfg = config_from_args(args)
     lengths = torch.from_numpy(kuairand_lengths(args.batch, args.max_len, "scaled"))
@@ -55,7 +55,7 @@ def run(args: argparse.Namespace) -> list[dict]:
     rows = []
     for op, fn in _cases(values, offsets, args.max_len).items():
         base, name = None, op.split()[0]
-        auto = _matmul.cpu_linear_impl() if name == "linear" else ops.choose(name, "cpu")
+        auto = gemm_choice.cpu_linear_impl() if name == "linear" else ops.choose(name, "cpu")
         for impl in ops.implementations(name):
             def step(fn=fn, impl=impl):
                 out = fn(impl)

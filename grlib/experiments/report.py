@@ -173,19 +173,26 @@ def _mfu_rows(scale: str, label: str) -> list[Found]:
                                 else pl.lit("fp32")).alias("precision"))  # rows before bf16 mode: fp32
     table = table.with_columns((pl.col("recompute_layers").fill_null(False) if "recompute_layers" in table.columns
                                 else pl.lit(False)).alias("recompute_layers"))  # rows before the column: none
-    rows = results.latest(table.filter(pl.col("auto")), [*SHAPE, "precision", "recompute_layers"]).to_dicts()
+    # rows before the per-ISA paths ran on AVX-512 machines (Zen 5, Xeon): avx512
+    table = table.with_columns((pl.col("isa").fill_null("avx512") if "isa" in table.columns
+                                else pl.lit("avx512")).alias("isa"))
+    rows = results.latest(table.filter(pl.col("auto")), [*SHAPE, "precision", "recompute_layers", "isa"]).to_dicts()
     rows.sort(key=lambda r: (tuple(r[k] for k in SHAPE) != preset, *(r[k] for k in SHAPE), r["precision"] != "fp32"))
     found = []
     for r in rows:
         shape = tuple(r[k] for k in SHAPE)
         ref = table.filter((pl.col("run_id") == r["run_id"]) & (pl.col("attention_impl") == "reference")
+                           & (pl.col("isa") == r["isa"])
                            & ~(pl.col("compiled").fill_null(False) if "compiled" in table.columns else pl.lit(False)))
         # the paper's figure divides by a nominal peak (NVIDIA's convention): the verdict reads mfu_nominal,
         # and the MFU against the GEMM peak measured in the same run stands beside it
         nominal = r.get("mfu_nominal")
         value = nominal if nominal is not None else r["mfu"]
-        how = (f"bench_train run {r['run_id']} ({r['timestamp'][:10]}): {r['attention_impl']} attention, "
-               f"{r['step_ms']:.1f} ms/step; ")
+        cpu = r.get("cpu_model") or "CPU not recorded"
+        limit = r.get("gemm_limit")
+        how = (f"bench_train run {r['run_id']} ({r['timestamp'][:10]}, {cpu}, grlib._C path {r['isa']}"
+               f"{'' if not limit or limit == 'none' else ', GEMMs limited: ' + limit}): "
+               f"{r['attention_impl']} attention, {r['step_ms']:.1f} ms/step; ")
         if nominal is not None:
             how += (f"of the nominal {r['precision']} peak {r['nominal_peak_flops'] / 1e9:.0f} GFLOP/s; "
                     f"{Figure.of(r['mfu'], mfu.unit).short()} of the {r['precision']} GEMM peak measured in the run "
@@ -207,7 +214,8 @@ def _mfu_rows(scale: str, label: str) -> list[Found]:
         found.append(Found(mfu.key, f"HSTU {r['n_layers']}x{r['n_heads']} d={r['d_model']} ({r['params'] / 1e6:.1f}M "
                                     f"parameters), batch {r['batch']} x max_len {r['max_len']}"
                                     f"{' (preset)' if shape == preset else ''}"
-                                    f"{', layers recomputed in backward' if r.get('recompute_layers') else ''}{label}"
+                                    f"{', layers recomputed in backward' if r.get('recompute_layers') else ''}"
+                                    f"{'' if r['isa'] == 'avx512' else ', the ' + r['isa'] + ' path'}{label}"
                                     f"{'' if r['precision'] == 'fp32' else ', ' + r['precision'] + ' mode'}: {mfu.threshold}",
                            Figure.of(value, mfu.unit).short(), how, mfu.met(value)))
     return found

@@ -140,8 +140,9 @@ def _fma_pipes(info: CpuInfo, lanes: int) -> tuple[float, str]:
             return (1.0, "AMD Zen/Zen+: 256-bit FMAs on 2 x 128-bit pipes") if info.model < 0x30 else \
                 (2.0, "AMD Zen 2: 2 x 256-bit FMA pipes")
         if info.family == 0x19:  # Zen 3 (no AVX-512) and Zen 4 (512-bit instructions on 2 x 256-bit pipes)
+            zen = "Zen 4" if "avx512f" in info.flags else "Zen 3"
             return (1.0, "AMD Zen 4: 512-bit FMAs on 2 x 256-bit pipes") if lanes == 16 else \
-                (2.0, "AMD Zen 3: 2 x 256-bit FMA pipes")
+                (2.0, f"AMD {zen} (family 0x19 model {info.model:#x}): 2 x 256-bit FMA pipes")
         if info.family == 0x1A:  # Zen 5: 512-bit pipes, except the mobile parts' 256-bit datapath
             mobile = 0x20 <= info.model <= 0x2F or 0x60 <= info.model <= 0x6F
             return (1.0, "AMD Zen 5 mobile: 512-bit FMAs on 256-bit pipes") if mobile and lanes == 16 else \

@@ -199,7 +199,9 @@ def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None, impl: str = "a
     check_linear_args(x, weight, bias)
     name = registry.choose("linear", x.device, impl)
     if impl == "auto" and name == "onednn" and x.dtype == torch.float32:  # as measured on this machine (grlib.ops.gemm_choice)
-        name = _matmul.cpu_linear_impl()
+        from grlib.ops import gemm_choice
+
+        name = gemm_choice.cpu_linear_impl()
     fn = registry.resolve("linear", x.device, name)
     return fn(x.reshape(-1, x.shape[-1]), weight, bias).reshape(*x.shape[:-1], weight.shape[0])
 

@@ -25,8 +25,8 @@ aten's copy_; x^T [in, N] is made by grlib.ops.transpose_copy instead (the compi
 
 transpose_copy(x): x [M, N] -> x^T [N, M] contiguous; reference x.t().contiguous().
 
-Which one `auto` takes for float32 on CPU (cpu_linear_impl): the faster of the two as measured on
-the machine at hand, once, and kept for it; GRLIB_GEMM=onednn|blas forces one (grlib.ops.gemm_choice).
+Which one `auto` takes for float32 on CPU (grlib.ops.gemm_choice): the faster of the two as
+measured on the machine at hand, once, and kept for it; GRLIB_GEMM=onednn|blas forces one.
 What was measured here: on the 2-core Intel Xeon VM (family 6 model 0xa7, AVX-512) a linear layer's
 forward + backward ran 1.05-1.3x faster through MKL at the laptop shapes ([6900, 256] x [256, 1024]
 and x [256, 256]) and 1.9-2.4x faster at the paper preset's ([8192, 1536] x [1536, 6144] and x
@@ -61,14 +61,6 @@ def check_linear_args(x: Tensor, weight: Tensor, bias: Tensor | None) -> None:
 def linear_reference(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
     """x [N, in] -> [N, out] by torch.nn.functional.linear (autograd)."""
     return F.linear(x, weight, bias)
-
-
-def cpu_linear_impl() -> str:
-    """The linear implementation `auto` takes for float32 on CPU: 'onednn' or 'reference' (BLAS),
-    measured once per machine or forced by GRLIB_GEMM (grlib.ops.gemm_choice)."""
-    from grlib.ops import gemm_choice
-
-    return gemm_choice.cpu_linear_impl()
 
 
 def _gemm_nt(a: Tensor, b: Tensor, bias: Tensor | None = None) -> Tensor:
