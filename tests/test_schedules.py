@@ -107,9 +107,11 @@ def test_one_worker_class_runs_ahead_for_every_schedule():
 
 
 # The modules that call .backward() on something other than a training step's loss: measurements of
-# one layer or of the loss alone (kernels, calibrations, the negatives ablation's memory) and bench ops
+# one layer or of the loss alone (kernels, calibrations, the negatives ablation's memory), bench ops and
+# the timing of a linear layer through each GEMM library (gemm_choice)
 MEASURING_BACKWARDS = {"grlib/experiments/negatives_stage.py", "grlib/experiments/kernels_stage.py",
-                       "grlib/experiments/scaling_cluster.py", "grlib/distributed/cost.py", "grlib/bench/ops.py"}
+                       "grlib/experiments/scaling_cluster.py", "grlib/distributed/cost.py", "grlib/bench/ops.py",
+                       "grlib/ops/gemm_choice.py"}
 
 
 def backward_calls(root: Path) -> dict[str, int]:
