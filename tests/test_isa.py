@@ -36,6 +36,7 @@ def test_bf16_needs_the_flag_and_the_avx512_path(monkeypatch, flags, forced, nee
         pytest.skip("the avx512 path exists on x86-64 only")
     monkeypatch.setattr(isa, "cpu_flags", lambda: flags)
     monkeypatch.setenv("GRLIB_ISA", forced)
+    monkeypatch.delenv("ONEDNN_MAX_CPU_ISA", raising=False)  # (GRLIB_ISA=avx2 make test has it set)
     why = isa.bf16_missing()
     if needle is None:
         assert why is None
@@ -44,6 +45,19 @@ def test_bf16_needs_the_flag_and_the_avx512_path(monkeypatch, flags, forced, nee
     assert needle in why
     with pytest.raises(ConfigError, match=r"^model.precision: bf16 is not available on this CPU: .*use fp32$"):
         isa.require_bf16("model.precision")
+
+
+@pytest.mark.parametrize("limit, refused", [("AVX2", True), ("avx512_core", True), ("AVX512_CORE_BF16", False),
+                                           ("ALL", False)])
+def test_bf16_is_refused_where_onednn_is_limited_below_bf16(monkeypatch, limit, refused):
+    """A user's ONEDNN_MAX_CPU_ISA below AVX512_CORE_BF16: oneDNN would refuse the bf16 primitive."""
+    monkeypatch.setattr(isa, "cpu_flags", lambda: ZEN5)
+    monkeypatch.setenv("GRLIB_ISA", "")
+    monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", limit)
+    why = isa.bf16_missing()
+    assert (why is not None) == refused
+    if refused:
+        assert f"ONEDNN_MAX_CPU_ISA={limit.upper()} limits oneDNN below AVX512_CORE_BF16" in why
 
 
 def test_an_unknown_forced_path_is_refused(monkeypatch):

@@ -121,6 +121,8 @@ def run(cfg: Config, ablation: TrainAblation) -> dict:
     precision = pl.DataFrame()
     if precision_rows:
         precision = results.append_rows("train_precision", precision_rows, cfg, run_id=table["run_id"][0])
+    elif precisions_skipped:  # no row, yet the stage's declared output (dvc.yaml) exists: an empty partition
+        results.scale_dir("train_precision", cfg.scale).mkdir(parents=True, exist_ok=True)
     psumm = precision_summary(table, precision)
     results.write_metrics("train", {"scale": cfg.scale, "skipped": skipped, "peak_flops": peak,
                                     "precisions_skipped": precisions_skipped,

@@ -41,6 +41,10 @@ NEEDS = {"avx512": ("avx512f", "avx512bw", "avx512dq", "avx512vl", "avx2", "fma"
          "avx2": ("avx2", "fma"), "generic": ()}
 VECTOR_BYTES = {"avx512": 64, "avx2": 32, "generic": 16}  # of the kernels' vectors (and the nominal peak's)
 BF16_FLAGS = ("avx512_bf16", "amx_bf16")  # either runs oneDNN's bf16 GEMMs
+# ONEDNN_MAX_CPU_ISA values at or above AVX512_CORE_BF16 (oneDNN's names): a lower one refuses bf16 GEMMs
+ONEDNN_BF16_ISAS = frozenset({"ALL", "DEFAULT", "AVX512_CORE_BF16", "AVX512_CORE_FP16", "AVX512_CORE_AMX",
+                              "AVX512_CORE_AMX_FP16", "AVX10_1_512", "AVX10_1_512_AMX", "AVX10_1_512_AMX_FP16",
+                              "AVX10_2_512", "AVX10_2_512_AMX_2"})
 
 
 CPUINFO = Path("/proc/cpuinfo")
@@ -132,6 +136,10 @@ def bf16_missing() -> str | None:
         return f"bf16 GEMMs (oneDNN) need the CPU flag avx512_bf16 or amx_bf16; {_describe_cpu()}"
     if not any(f in cpu_flags() for f in BF16_FLAGS):
         return f"bf16 GEMMs (oneDNN) need the CPU flag avx512_bf16 or amx_bf16; {_describe_cpu()}"
+    limit = os.environ.get("ONEDNN_MAX_CPU_ISA", "").strip().upper()
+    if limit and limit not in ONEDNN_BF16_ISAS:  # set by the user (grlib sets it only below avx512)
+        return (f"ONEDNN_MAX_CPU_ISA={limit} limits oneDNN below AVX512_CORE_BF16, so its bf16 GEMMs cannot run "
+                f"(unset it, or set one of {', '.join(sorted(ONEDNN_BF16_ISAS))})")
     return None
 
 
