@@ -39,7 +39,7 @@ def pytest_configure(config: pytest.Config) -> None:
     os.environ.setdefault("GRLIB_PROGRESS", "0")
     # the GEMM library chosen by measurement (grlib.ops.gemm_choice): one record for the whole session,
     # workers included (they inherit the controller's folder), never the user's ~/.cache
-    os.environ.setdefault("GRLIB_CACHE", str(base / "cache"))
+    os.environ.setdefault("GRLIB_CACHE_DIR", str(base / "cache"))
 
 
 DVC_TEST = "tests/test_pipeline.py::test_dvc_repro_smoke_in_a_copy"

@@ -55,7 +55,7 @@ def fresh_choice(monkeypatch, tmp_path):
     """grlib.ops.gemm_choice with an empty cache folder of its own and nothing remembered."""
     from grlib.ops import gemm_choice
 
-    monkeypatch.setenv("GRLIB_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("GRLIB_CACHE_DIR", str(tmp_path / "cache"))
     monkeypatch.delenv("GRLIB_GEMM", raising=False)
     gemm_choice.record.cache_clear()
     yield gemm_choice

@@ -78,8 +78,9 @@ def test_dvc_repro_smoke_in_a_copy(tmp_path):
     repo = tmp_path / "repo"
     _copy_repo(src, repo)
     # grlib's folders and settings are the copy's own, except the machine it emulates (GRLIB_ISA and
-    # the GEMM limits it set: grlib.gemm_limits), so that GRLIB_ISA=avx2 make test runs it as an AVX2 CPU
-    keep = ("GRLIB_ISA", "GRLIB_GEMM_LIMITS")
+    # the GEMM limits it set: grlib.gemm_limits), so that GRLIB_ISA=avx2 make test runs it as an AVX2 CPU,
+    # and the session's cache folder (the GEMM library measured once: grlib.ops.gemm_choice)
+    keep = ("GRLIB_ISA", "GRLIB_GEMM_LIMITS", "GRLIB_CACHE_DIR")
     env = {k: v for k, v in os.environ.items() if not k.startswith("GRLIB_") or k in keep}
     env.update(GRLIB_PROJECT_ROOT=str(repo), PYTHONPATH=str(repo), DVC_NO_ANALYTICS="1",
                PATH=f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}",

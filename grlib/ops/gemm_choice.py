@@ -16,8 +16,8 @@ an AVX2-only CPU (or under GRLIB_ISA=avx2, grlib.gemm_limits) either may lead.
 Why keep it: a choice re-measured in every process could differ between the ranks of one run, or
 between a run and its resumption, and the two libraries round differently. The choice is stored
 per machine key (CPU model, family and model, vector flags, the GEMM limits in force, torch's
-version, torch's threads) in a file of its own under the cache folder (GRLIB_CACHE, else
-$XDG_CACHE_HOME/grlib, else ~/.cache/grlib), created whole (a temporary file, then a hard link
+version, torch's threads) in a file of its own under grlib's cache folder (GRLIB_CACHE_DIR, else the
+user cache, e.g. ~/.cache/grlib: where downloads are kept too), created whole (a temporary file, then a hard link
 that fails if the file exists): the first process to record a key wins, and one that measured
 at the same time takes the recorded choice. Every later process on the machine reads it. The
 launcher of grlib.distributed chooses before it starts the ranks. Delete the file to measure again;
@@ -34,18 +34,21 @@ import time
 from pathlib import Path
 
 GEMM_ENV = "GRLIB_GEMM"
-CACHE_ENV = "GRLIB_CACHE"
+CACHE_ENV = "GRLIB_CACHE_DIR"
 CHOICES = {"onednn": "onednn", "blas": "reference"}  # GRLIB_GEMM (and the record) -> the linear implementation
 SHAPE = (2048, 512, 2048)  # tokens, in, out of the layer timed
 REPEATS = 5
 
 
 def cache_dir() -> Path:
-    """GRLIB_CACHE, else $XDG_CACHE_HOME/grlib, else ~/.cache/grlib."""
-    if os.environ.get(CACHE_ENV):
-        return Path(os.environ[CACHE_ENV])
-    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
-    return Path(base) / "grlib"
+    """grlib's cache folder, the downloads' too (grlib.data.download): GRLIB_CACHE_DIR, else the user
+    cache (pooch.os_cache("grlib"), e.g. ~/.cache/grlib)."""
+    env = os.environ.get(CACHE_ENV)
+    if env:
+        return Path(env).expanduser().resolve()
+    import pooch
+
+    return Path(pooch.os_cache("grlib"))
 
 
 def machine_key() -> dict:

@@ -19,17 +19,24 @@ namespace GRLIB_ISA_NS::hstu {
 // exp for float: Cephes' polynomial (max rel. error ~2 ulp), plain arithmetic so that the
 // compiler vectorises the loops that call it (libm's expf does not vectorise without -ffast-math,
 // and GCC 12 does not vectorise std::floor here: rounding uses the 1.5 * 2^23 trick instead).
-inline float fast_exp(float x) {
-  x = std::min(std::max(x, -87.3f), 88.7f);
-  const float fx = (x * 1.44269504088896341f + 12582912.0f) - 12582912.0f;  // nearest integer
+// The steps after the clamp, for a float or a vector of floats F: fx = the nearest integer to
+// x / ln 2, and e^(x - fx ln 2) by the polynomial (the caller scales by 2^fx).
+template <typename F>
+inline F exp_reduced(F x, F& fx) {
+  fx = (x * 1.44269504088896341f + 12582912.0f) - 12582912.0f;  // nearest integer
   x = x - fx * 0.693359375f + fx * 2.12194440e-4f;
-  float y = 1.9875691500e-4f;
+  F y = F{} + 1.9875691500e-4f;
   y = y * x + 1.3981999507e-3f;
   y = y * x + 8.3334519073e-3f;
   y = y * x + 4.1665795894e-2f;
   y = y * x + 1.6666665459e-1f;
   y = y * x + 5.0000001201e-1f;
-  y = y * x * x + x + 1.0f;
+  return y * x * x + x + 1.0f;
+}
+
+inline float fast_exp(float x) {
+  float fx;
+  const float y = exp_reduced(std::min(std::max(x, -87.3f), 88.7f), fx);
   int32_t bits = (static_cast<int32_t>(fx) + 127) << 23;
   float scale;
   std::memcpy(&scale, &bits, sizeof(scale));
@@ -202,39 +209,18 @@ inline V<float> fast_exp(V<float> x) {
   using I = IVec<float>::type;
   x = x < -87.3f ? V<float>{} - 87.3f : x;
   x = 88.7f < x ? V<float>{} + 88.7f : x;
-  const V<float> fx = (x * 1.44269504088896341f + 12582912.0f) - 12582912.0f;  // nearest integer
-  x = x - fx * 0.693359375f + fx * 2.12194440e-4f;
-  V<float> y = V<float>{} + 1.9875691500e-4f;
-  y = y * x + 1.3981999507e-3f;
-  y = y * x + 8.3334519073e-3f;
-  y = y * x + 4.1665795894e-2f;
-  y = y * x + 1.6666665459e-1f;
-  y = y * x + 5.0000001201e-1f;
-  y = y * x * x + x + 1.0f;
+  V<float> fx;
+  const V<float> y = exp_reduced(x, fx);
   const I bits = (__builtin_convertvector(fx, I) + 127) << 23;
   V<float> scale;
   std::memcpy(&scale, &bits, sizeof(scale));
   return y * scale;
 }
 
-// f(c, in) for the vectors that hold [x0, x1) (c: the vector's first entry, in: its lanes inside
-// the range); each pass reads and writes whole vectors, and keeps the lanes outside (`in ? new :
-// old`). Rows must have room through round_up(x1, LANES) (a tile row of BLK values has).
-// The SiLU loops below use it for float: written as plain loops, GCC vectorised fast_exp only on
-// the avx512 path (its masked epilogue); on avx2 and generic the SiLU of every score ran one entry
-// at a time (vdivss), as long as the two tile products together (perf, 2026-12-04).
-template <typename T, typename F>
-inline void for_vectors(int64_t x0, int64_t x1, const F& f) {
-  using M = typename IVec<T>::type;
-  using E = typename IVec<T>::lane;
-  constexpr int64_t L = LANES<T>;
-  M lane;
-  for (int64_t l = 0; l < L; ++l) lane[l] = static_cast<E>(l);
-  for (int64_t c = x0 / L * L; c < x1; c += L) {
-    const M x = lane + static_cast<E>(c);
-    f(c, (x >= static_cast<E>(x0)) & (x < static_cast<E>(x1)));
-  }
-}
+// The SiLU loops below use for_vectors (hstu_tiles.h) for float: written as plain loops, GCC
+// vectorised fast_exp only on the avx512 path (its masked epilogue); on avx2 and generic the SiLU of
+// every score ran one entry at a time (vdivss), as long as the two tile products together (perf,
+// 2026-12-04).
 
 // dst[e] = SiLU(src[e]) * scale for e < n, computed in T (dst may be src): whole vectors where S and
 // T are float, then the rest one by one; other types one by one.

@@ -82,12 +82,11 @@ struct IVec<double> {
   typedef int64_t type __attribute__((vector_size(VBYTES)));
 };
 
-// dst[x] = dst[x] + add(c)[x - c] for x in [x0, x1) only (c: the start of x's vector), one vector at
-// a time: the vectors that hold the range are read and written whole, and the lanes outside it keep
-// their values. A short range (a run of a tile row) costs a vector op or two instead of a scalar
-// loop. dst must have room through round_up(x1, LANES) (a tile row of BLK values has).
+// f(c, in) for the vectors that hold [x0, x1) (c: the vector's first entry, in: its lanes inside
+// the range); each pass reads and writes whole vectors, and keeps the lanes outside (`in ? new :
+// old`). Rows must have room through round_up(x1, LANES) (a tile row of BLK values has).
 template <typename T, typename F>
-inline void masked_add(T* dst, int64_t x0, int64_t x1, const F& add) {
+inline void for_vectors(int64_t x0, int64_t x1, const F& f) {
   using M = typename IVec<T>::type;
   using E = typename IVec<T>::lane;
   constexpr int64_t L = LANES<T>;
@@ -95,10 +94,19 @@ inline void masked_add(T* dst, int64_t x0, int64_t x1, const F& add) {
   for (int64_t l = 0; l < L; ++l) lane[l] = static_cast<E>(l);
   for (int64_t c = x0 / L * L; c < x1; c += L) {
     const M x = lane + static_cast<E>(c);
-    const M in = (x >= static_cast<E>(x0)) & (x < static_cast<E>(x1));
+    f(c, (x >= static_cast<E>(x0)) & (x < static_cast<E>(x1)));
+  }
+}
+
+// dst[x] = dst[x] + add(c)[x - c] for x in [x0, x1) only (c: the start of x's vector), one vector at
+// a time (for_vectors): a short range (a run of a tile row) costs a vector op or two instead of a
+// scalar loop. dst must have room through round_up(x1, LANES) (a tile row of BLK values has).
+template <typename T, typename F>
+inline void masked_add(T* dst, int64_t x0, int64_t x1, const F& add) {
+  for_vectors<T>(x0, x1, [&](int64_t c, const auto& in) {
     const V<T> d = vload(dst + c);
     vstore(dst + c, in ? d + add(c) : d);
-  }
+  });
 }
 
 // dst[x] += v for x in [x0, x1) (masked_add).
