@@ -169,13 +169,10 @@ def _mfu_rows(scale: str, label: str) -> list[Found]:
     if table.height == 0:
         return []
     mfu, preset = registry.target("C7.mfu"), _preset(scale)
-    table = table.with_columns((pl.col("precision").fill_null("fp32") if "precision" in table.columns
-                                else pl.lit("fp32")).alias("precision"))  # rows before bf16 mode: fp32
-    table = table.with_columns((pl.col("recompute_layers").fill_null(False) if "recompute_layers" in table.columns
-                                else pl.lit(False)).alias("recompute_layers"))  # rows before the column: none
-    # rows before the per-ISA paths ran on AVX-512 machines (Zen 5, Xeon): avx512
-    table = table.with_columns((pl.col("isa").fill_null("avx512") if "isa" in table.columns
-                                else pl.lit("avx512")).alias("isa"))
+    # rows from before a column: fp32 (before bf16 mode), no recomputation, avx512 (before the per-ISA
+    # paths every run was on an AVX-512 machine: Zen 5, Xeon)
+    table = table.with_columns(*((pl.col(c).fill_null(v) if c in table.columns else pl.lit(v)).alias(c)
+                                 for c, v in (("precision", "fp32"), ("recompute_layers", False), ("isa", "avx512"))))
     rows = results.latest(table.filter(pl.col("auto")), [*SHAPE, "precision", "recompute_layers", "isa"]).to_dicts()
     rows.sort(key=lambda r: (tuple(r[k] for k in SHAPE) != preset, *(r[k] for k in SHAPE), r["precision"] != "fp32"))
     found = []
