@@ -28,7 +28,8 @@ from grlib.config import Config, DistConfig, NegativesConfig, TrainConfig
 from grlib.data.catalog import Dataset, load_dataset
 from grlib.data.sequences import SequenceData
 from grlib.distributed import data_parallel
-from grlib.distributed.schedules import Schedule
+from grlib.distributed.schedules import BUCKETED, Schedule
+from grlib.distributed.stream import CommStream
 from grlib.distributed.sharded_embedding import shard_item_table
 from grlib.distributed.topology import side_channel
 from grlib.evaluate import evaluate, last_token_scores, popularity_scores
@@ -57,10 +58,13 @@ def assemble(model: nn.Module, data: SequenceData, cfg: TrainConfig, negatives: 
     topo = runtime.topology
     planner = data_parallel.Planner(path, topo.rank, topo.world, dc.balance, equal_counts=dc.equal_counts,
                                     cost=data_parallel.cost_function(dc, model.cfg), seed=seed)
+    bucketed = dc.schedule in BUCKETED
     step = data_parallel.DataParallelStep(model, path, opt, runtime.world_group,
-                                          bucket_bytes=dc.bucket_bytes if dc.schedule == "overlap" else None)
+                                          bucket_bytes=dc.bucket_bytes if bucketed else None)
     side = side_channel(runtime, dc.timeout_s) if step.tables and dc.schedule != "sync" else None
-    return Schedule(step, planner, dc.schedule, dc.staleness, side)
+    stream = (CommStream(side_channel(runtime, dc.timeout_s))
+              if step.tables and dc.schedule == "pipelined" else None)
+    return Schedule(step, planner, dc.schedule, dc.staleness, side, stream)
 
 
 def train(model: nn.Module, data: SequenceData, cfg: TrainConfig, max_len: int, negatives: NegativesConfig, *,

@@ -159,7 +159,7 @@ def test_cross_field_and_special_values_are_one_line(overrides, message, capsys)
 
 @pytest.mark.parametrize("kwargs,message", [
     ({"world": 4, "nodes": 3}, "dist.nodes: must divide dist.world=4"),
-    ({"staleness": 2}, "dist.staleness: must be 0 unless dist.schedule='semisync'"),
+    ({"staleness": 2}, "dist.staleness: must be 0 unless dist.schedule is 'semisync' or 'pipelined'"),
     ({"dedup": "node"}, "dist.dedup: 'node' de-duplicates inside the two-stage exchange"),
     ({"quadratic": (1.0, 2.0, 3.0)}, "dist.quadratic: (c0, a, b) of dist.cost='quadratic' (empty: calibrated"),
     ({"cost": "quadratic", "quadratic": (1.0, 2.0)}, "dist.quadratic: (c0, a, b) of dist.cost='quadratic'"),

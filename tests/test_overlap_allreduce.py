@@ -161,7 +161,7 @@ def test_four_ranks_on_two_nodes_overlap_trains_what_one_process_trains(one_proc
 def test_bucket_bytes_is_read_by_the_overlap_schedule_only():
     assert DistConfig().bucket_bytes == BUCKET_BYTES == 25 * 2**20
     assert DistConfig(world=2, schedule="overlap", bucket_bytes=4096).bucket_bytes == 4096
-    with pytest.raises(ConfigError, match=r"^dist.bucket_bytes: is read by dist.schedule='overlap' only"):
+    with pytest.raises(ConfigError, match=r"^dist.bucket_bytes: is read by dist.schedule 'overlap' and 'pipelined' only"):
         DistConfig(world=2, schedule="prefetch", bucket_bytes=4096)
     with pytest.raises(ConfigError, match=r"^dist.bucket_bytes: must be >= 1"):
         DistConfig(world=2, schedule="overlap", bucket_bytes=0)

@@ -84,6 +84,25 @@ def test_bucketed_allreduce_hides_behind_backward():
         simulate(Setup("sync", overlap_allreduce=True), GLOO, [load] * 3)
 
 
+def test_sparse_stream_leaves_only_the_input_gradients_exposed():
+    """pipelined: the rows' trips beside forward, the loss rows' gradients beside backward; with a small
+    all-reduce the step is compute + the two tiny collectives + the input rows' gradient trip."""
+    load = _load()
+    rows_in = trip_s(DEVICE, Setup(), load.rows_input * 1024)
+    compute = load.compute[:, 0].sum()
+    ar = allreduce_s(DEVICE, 2, load.grad_bytes)
+    piped = Setup("semisync", 1, overlap_allreduce=True, buckets=8, sparse_stream=True)
+    assert _steady(piped, DEVICE, load) == pytest.approx(compute + 2 * tiny_s(DEVICE, 2) + rows_in + ar / 8)
+    assert _steady(piped, DEVICE, load) < _steady(Setup("semisync", 1, overlap_allreduce=True, buckets=8), DEVICE, load)
+    # k = 0: the input rows of batch i at the start of step i: forward waits for them
+    exact = Setup("prefetch", overlap_allreduce=True, buckets=8, sparse_stream=True)
+    assert _steady(exact, DEVICE, load) == pytest.approx(_steady(piped, DEVICE, load) + rows_in)
+    with pytest.raises(ValueError, match="sparse_stream needs the routes built ahead"):
+        Setup("sync", sparse_stream=True)
+    with pytest.raises(ValueError, match="communication streams"):
+        simulate(Setup("prefetch", sparse_stream=True), GLOO, [load] * 3)
+
+
 def test_setup_refuses_bad_choices():
     with pytest.raises(ValueError, match="schedule must be one of"):
         Setup("async")

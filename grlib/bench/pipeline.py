@@ -1,7 +1,8 @@
 """Pipelines and scaling (claims C5, C7): schedules measured on 2 gloo ranks, the pipeline model, 8 .. 1536 ranks.
 
 Runs the `ablations.scaling` grid of params.yaml (flags override single fields), the scaling
-stage's method (grlib.experiments.scaling_stage): sync / prefetch / semisync(k) on 2 gloo ranks
+stage's method (grlib.experiments.scaling_stage): sync / prefetch / semisync(k) / overlap /
+pipelined(k) on 2 gloo ranks
 (per-rank spans, utilisation), the discrete-event model (grlib.sim.pipeline) validated against
 those steps, then the paper preset at cluster scale (TurboGR vs the baseline, every parameter in
 the rows), 1 vs 2 processes (weak scaling) and one paper-preset layer's MFU, fused vs padded.
@@ -17,7 +18,7 @@ from grlib.config import config_from_args
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--schedules", nargs="+", default=None, help="measured schedules (sync prefetch semisync)")
+    p.add_argument("--schedules", nargs="+", default=None, help="measured schedules (sync prefetch semisync overlap pipelined)")
     p.add_argument("--ranks", nargs="+", type=int, default=None, help="modelled ranks")
     p.add_argument("--rounds", type=int, default=None, help="interleaved rounds of the schedules")
     p.add_argument("--pair-steps", type=int, default=None, help="kept steps per run")

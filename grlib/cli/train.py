@@ -78,8 +78,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="sharded items: send each id once per rank, or once per node (hierarchical only)")
     p.add_argument("--schedule", default=None, choices=choices.SCHEDULES,
                    help="sync: plan each step inline; prefetch: plan step i+1 (and its id all-to-alls) during step i; "
-                        "semisync: prefetch, and input item rows looked up --staleness steps early")
-    p.add_argument("--staleness", type=int_at_least(0), default=None, help="semisync's k (0 = the rows of sync)")
+                        "semisync: prefetch, and input item rows looked up --staleness steps early; overlap: prefetch, "
+                        "dense gradients all-reduced in buckets during backward; pipelined: semisync + overlap + a "
+                        "sharded item table's all-to-alls on a communication stream")
+    p.add_argument("--staleness", type=int_at_least(0), default=None,
+                   help="semisync's and pipelined's k (0 = the rows of sync)")
     p.add_argument("--params-only", action="store_true",
                    help="only print every scale's parameter counts (meta device, no data, no training)")
     p.set_defaults(func=run_cli)

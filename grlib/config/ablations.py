@@ -236,7 +236,7 @@ class ScalingAblation:
               lengths at min(mfu_max_len, the preset's max_len)), mfu_repeats timed runs
     """
 
-    schedules: list[str] = param(rule=each(choice(choices.SCHEDULES)), factory=lambda: ["sync", "prefetch", "semisync", "overlap"])
+    schedules: list[str] = param(rule=each(choice(choices.SCHEDULES)), factory=lambda: ["sync", "prefetch", "semisync", "overlap", "pipelined"])
     staleness: int = param(1, at_least(1))
     pair_batch_size: int = param(32, at_least(2))  # even: two ranks of equal shares
     pair_max_len: int = param(1024, at_least(1))

@@ -38,7 +38,7 @@ BALANCE_COSTS = ("flops", "tokens", "quadratic")  # the per-sequence cost the ba
 BACKENDS = ("auto", "gloo", "nccl", "hccl")
 ITEM_SHARDING = ("replicated", "flat", "hierarchical")  # the item table: on every rank, or row-sharded (all-to-all)
 ITEM_DEDUP = ("none", "rank", "node")  # ids sent once per rank / once per node (hierarchical only)
-SCHEDULES = ("sync", "prefetch", "semisync", "overlap")  # dist.schedule (grlib.distributed.schedules)
+SCHEDULES = ("sync", "prefetch", "semisync", "overlap", "pipelined")  # dist.schedule (grlib.distributed.schedules)
 BALANCE_METHODS = ("random", "snake", "lpt", "kk", "contiguous")  # ablations.balance.methods (grlib.distributed.balance.METHODS)
 SHARDED_ITEMS = ("flat", "hierarchical")  # ITEM_SHARDING's row-sharded tables (ablations.semi_async.items, ...)
 

@@ -11,7 +11,8 @@ each rank trains the sub-batch it owns:
     rank 1: select([1, 2, 4]) -> forward, loss * P_1 / P_global, backward ─┴─ all-reduce SUM of
             gradients (+ the loss, + which parameters got one) -> identical optimizer steps
 
-The gradients go in one flat buffer after backward (GradientSync), or, under the `overlap` schedule,
+The gradients go in one flat buffer after backward (GradientSync), or, under the `overlap` and
+`pipelined` schedules,
 in buckets of dist.bucket_bytes launched from backward's hooks as their gradients are produced
 (grlib.distributed.buckets.BucketedSync); the same sums either way.
 
@@ -174,6 +175,7 @@ class DataParallelStep(TrainStep):
             opt.sharded, opt.reduce = frozenset(shards), sum_over(group)
         self._sent = (0, 0)
         self._waited = 0.0
+        self.stream_grads = None  # pipelined: this step's StreamGrads (grlib.distributed.stream), set by the schedule
 
     def begin(self, plan: RankPlan):
         self._sent = self._link_bytes()
@@ -186,9 +188,12 @@ class DataParallelStep(TrainStep):
         if isinstance(self.sync, BucketedSync):
             global_loss, figures = self.sync(loss)
             self._waited = figures.pop("allreduce_s")
-            return global_loss, figures
-        global_loss, self._waited = self.sync(loss)
-        return global_loss, {}
+        else:
+            (global_loss, self._waited), figures = self.sync(loss), {}
+        if self.stream_grads is not None:  # the item rows' gradients sent on the stream: wait for them
+            figures.update(self.stream_grads.finish())
+            self.stream_grads = None
+        return global_loss, figures
 
     def figures(self, plan: RankPlan, t0: float) -> dict[str, float]:
         intra, inter = np.subtract(self._link_bytes(), self._sent)

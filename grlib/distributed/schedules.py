@@ -15,18 +15,25 @@
                  backward produces them (grlib.distributed.buckets.BucketedSync, built by
                  grlib.fit.assemble): the comm phase is only what is left after backward; the same
                  sums as the flat all-reduce's
+    pipelined(k) overlap's buckets, and a sharded table's trips on a communication stream
+                 (grlib.distributed.stream): at the start of step i the input rows of batch i+k
+                 (semisync's staleness; k = 0: batch i's, exact) and the loss rows of batch i (exact:
+                 no update lands before the loss) go out beside forward; their gradients go back
+                 beside backward, the loss rows' as soon as backward produces them; the update waits
+                 for both. Without a sharded table it is semisync(k) with overlap's buckets.
 
     worker:  plan(batch i+1) [+ Route.build of its ids on the side channel]   (at most `ahead` beyond use)
     main:    [rows of batch i+k looked up] -> forward / loss / backward -> all-reduce -> optimizer
                                                             (overlap: buckets ─┘ from backward's hooks)
+    stream:  (pipelined) rows(input i+k), rows(loss i) | ... | grads(loss i) ... grads(input i) ─┘ waited
 
 The worker is one process's (grlib.train.prefetch.PrefetchWorker), in lockstep across ranks: it starts
 batch j only once the main thread has taken batch j - (k + 1), and when closed it finishes exactly the
 batches it was allowed, so every rank's worker joins the same collectives and none waits for a peer
 that stopped.
-Each step's result carries `stale_fraction` (semisync: the share of its looked-up rows that an
-update changed between lookup and use), `t_start` (for per-rank timelines) and the seconds spent
-inside item all-to-alls (`lookup_comm_s`).
+Each step's result carries `stale_fraction` (semisync, pipelined: the share of its looked-up rows
+that an update changed between lookup and use), `t_start` (for per-rank timelines) and the seconds
+spent inside item all-to-alls (`lookup_comm_s`; pipelined: waiting for the stream's rows).
 """
 from __future__ import annotations
 
@@ -40,31 +47,39 @@ from torch import nn
 
 from grlib.distributed.data_parallel import DataParallelStep, Planner, RankPlan
 from grlib.distributed.sharded_embedding import ShardedRows
+from grlib.distributed.stream import CommStream, StreamGrads, StreamLookup
 from grlib.jagged import JaggedBatch
 from grlib.model.embeddings import ITEM_ROWS
 from grlib.negatives.path import ATTACHMENT, LocalIds
 from grlib.train.prefetch import PrefetchWorker, SyncSchedule
 from grlib.train.step import StepResult
 
-SCHEDULES = ("sync", "prefetch", "semisync", "overlap")  # overlap plans as prefetch does
+SCHEDULES = ("sync", "prefetch", "semisync", "overlap", "pipelined")  # overlap plans as prefetch does
+STALE = ("semisync", "pipelined")  # the schedules that take a staleness k
+BUCKETED = ("overlap", "pipelined")  # the schedules whose dense gradients go in buckets during backward
 
 
 class Schedule(SyncSchedule):
-    """One rank's steps under `kind` (SCHEDULES) with staleness k (semisync only): the N-rank member of
+    """One rank's steps under `kind` (SCHEDULES) with staleness k (STALE only): the N-rank member of
     the schedule family (grlib.train.prefetch.SyncSchedule: run(batches) -> one StepResult per batch)."""
 
     def __init__(self, step: DataParallelStep, planner: Planner, kind: str = "prefetch", staleness: int = 0,
-                 side: Any = None):
+                 side: Any = None, stream: CommStream | None = None):
         if kind not in SCHEDULES:
             raise ValueError(f"schedule must be one of {SCHEDULES}, got {kind!r}")
-        if staleness < 0 or (staleness and kind != "semisync"):
-            raise ValueError(f"staleness must be >= 0 and only with schedule 'semisync', got {staleness} with {kind!r}")
+        if staleness < 0 or (staleness and kind not in STALE):
+            raise ValueError(f"staleness must be >= 0 and only with schedules {STALE}, got {staleness} with {kind!r}")
+        if stream is not None and kind != "pipelined":
+            raise ValueError(f"a communication stream is the 'pipelined' schedule's, not {kind!r}'s")
         super().__init__(step)
         self.planner, self.kind, self.k = planner, kind, staleness
         self.world, self.rank = planner.world, planner.rank
         self.model: nn.Module = step.model
         self.tables = [m for m in self.model.modules() if isinstance(m, ShardedRows)]
         self.side = side  # a side channel (grlib.distributed.topology.side_channel) for routes built ahead
+        self.stream = stream  # pipelined with a sharded table: the table's trips (grlib.distributed.stream)
+        if stream is not None and not self.tables:
+            raise ValueError("the communication stream carries a sharded item table's trips; this model has none")
         self.step_index = 0
         self._touched: collections.deque = collections.deque(maxlen=max(1, staleness))  # [V] bool per update
 
@@ -83,8 +98,12 @@ class Schedule(SyncSchedule):
         if self.kind == "sync":
             yield from self._steps(self._plan(b) for b in batches)
             return
-        with PrefetchWorker(batches, self._plan, depth=self.k + 1, name="grlib-schedule") as worker:
-            yield from self._steps(plan for _, plan in worker)
+        try:
+            with PrefetchWorker(batches, self._plan, depth=self.k + 1, name="grlib-schedule") as worker:
+                yield from self._steps(plan for _, plan in worker)
+        finally:
+            if self.stream is not None:
+                self.stream.close()
 
     def _steps(self, plans: Iterator[RankPlan]) -> Generator[StepResult, None, None]:
         window: collections.deque[RankPlan] = collections.deque()
@@ -94,20 +113,25 @@ class Schedule(SyncSchedule):
                 window.append(plan)
             if not window:
                 return
-            if self.k:
-                for plan in window:  # rows of batch i+k now (at the start: of batches i..i+k)
-                    if ITEM_ROWS not in plan.local.attachments:
-                        self._prepare(plan, "input")
-                        plan.local.attachments[ITEM_ROWS] = self.model.embed.items(plan.local.item_ids)
-                        plan.looked_up_at = self.step_index
+            if self.stream is not None:
+                plan = self._stream_ahead(window)
+            else:
+                if self.k:
+                    for ahead in window:  # rows of batch i+k now (at the start: of batches i..i+k)
+                        if ITEM_ROWS not in ahead.local.attachments:
+                            self._prepare(ahead, "input")
+                            ahead.local.attachments[ITEM_ROWS] = self.model.embed.items(ahead.local.item_ids)
+                            ahead.looked_up_at = self.step_index
+                plan = window.popleft()
+                if not self.k:
+                    self._prepare(plan, "input")
+                self._prepare(plan, "loss")
             ahead_s, ahead_comm = time.perf_counter() - start, self._comm_seconds() - comm
-            plan = window.popleft()
-            if not self.k:
-                self._prepare(plan, "input")
-            self._prepare(plan, "loss")
             stale = self._stale_fraction(plan)
             comm = self._comm_seconds()
             out = self.step(iter([plan]))
+            if self.stream is not None and self.tables[0]._ahead:
+                raise RuntimeError("pipelined: the step did not read the loss rows fetched for it")
             out.seconds["data"] += ahead_s  # planning inline (sync) or waiting for the worker, rows ahead
             out.extra["t_start"] -= ahead_s
             out.extra.update(stale_fraction=stale, lookup_comm_s=self._comm_seconds() - comm,
@@ -117,6 +141,24 @@ class Schedule(SyncSchedule):
             self.step_index += 1
             yield out
 
+    def _stream_ahead(self, window: collections.deque) -> RankPlan:
+        """pipelined: the input rows of batches i..i+k not fetched yet and the loss rows of batch i queued on
+        the stream; batch i's input rows waited for; its lookups' gradients armed -> batch i's plan."""
+        for ahead in window:
+            if not hasattr(ahead, "input_rows"):
+                ahead.input_rows = self._fetch(ahead, "input")
+                ahead.looked_up_at = self.step_index
+        plan = window.popleft()
+        loss = self._fetch(plan, "loss")
+        self.tables[0].expect(loss)  # the loss's lookup reads these rows
+        plan.local.attachments[ITEM_ROWS] = plan.input_rows.rows()
+        self.step.stream_grads = StreamGrads([loss, plan.input_rows])  # every rank: loss, then input
+        return plan
+
+    def _fetch(self, plan: RankPlan, which: str) -> StreamLookup:
+        ids, route = plan.routes.pop(which)
+        return StreamLookup(self.stream, self.tables[0], ids, route.rebind(self.side, self.stream.runtime))
+
     def _prepare(self, plan: RankPlan, which: str) -> None:
         """Queue the route built ahead for the plan's `which` lookup (input rows or loss rows)."""
         routes = getattr(plan, "routes", None)
@@ -125,7 +167,10 @@ class Schedule(SyncSchedule):
             self.tables[0].prepare(ids, route.rebind(self.side, self.tables[0].runtime))
 
     def _comm_seconds(self) -> float:
-        return sum(t.counters.seconds_on_this_thread() for t in self.tables)  # not the worker's route builds
+        """Seconds this thread spent in item all-to-alls (not the worker's route builds, not the stream's
+        trips) or waiting for the stream's rows."""
+        waited = self.stream.waited if self.stream is not None else 0.0
+        return waited + sum(t.counters.seconds_on_this_thread() for t in self.tables)
 
     # --- staleness ----------------------------------------------------------------------------
     def _updated_rows(self) -> torch.Tensor:

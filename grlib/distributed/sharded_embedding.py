@@ -58,6 +58,7 @@ class ShardedRows(nn.Module):
         self.start, self.stop = self.bounds[topo.rank]
         self.weight = nn.Parameter(table[self.start:self.stop].detach().clone())  # [V_r, d]
         self._prepared: collections.deque = collections.deque()  # (ids, route) built ahead, in lookup order
+        self._ahead: collections.deque = collections.deque()  # StreamLookups fetched ahead, in lookup order
         self.register_buffer("_starts", torch.tensor([b[0] for b in self.bounds]), persistent=False)  # [P]
         if padding_idx is not None and self.start <= padding_idx < self.stop:
             local = padding_idx - self.start
@@ -78,8 +79,18 @@ class ShardedRows(nn.Module):
         """Queues a route built ahead for the next lookup of exactly `ids` (lookups take them in order)."""
         self._prepared.append((ids.reshape(-1), route))
 
+    def expect(self, lookup) -> None:
+        """Queues rows fetched ahead on a communication stream (grlib.distributed.stream.StreamLookup)
+        for the next lookup of exactly lookup.ids: that lookup returns them instead of a trip."""
+        self._ahead.append(lookup)
+
     def forward(self, ids: Tensor) -> Tensor:  # [N] int64 -> [N, d]
         flat = ids.reshape(-1)
+        if self._ahead:
+            lookup = self._ahead.popleft()
+            if not torch.equal(lookup.ids, flat):
+                raise RuntimeError("ShardedRows: the rows fetched ahead were fetched for other ids than this lookup's")
+            return lookup.rows().reshape(*ids.shape, self.dim)
         if self._prepared:
             want, route = self._prepared.popleft()
             if not torch.equal(want, flat):

@@ -28,6 +28,7 @@ import torch
 import torch.distributed as dist
 
 from grlib.config import Config, DistConfig
+from grlib.distributed.schedules import BUCKETED
 
 SCHEDSTAT = Path("/proc/thread-self/schedstat")
 
@@ -47,13 +48,13 @@ class PairSpec:
     solo_steps: int
     gloo_sizes: tuple[int, ...]
     gloo_repeats: int
-    # the overlap schedule's buckets: the laptop model's 2.8 MiB of dense gradients in 5 (torch DDP's
+    # the overlap and pipelined schedules' buckets: the laptop model's 2.8 MiB of dense gradients in 5 (torch DDP's
     # 25 MiB would make one bucket, all-reduced after backward: nothing to overlap)
     bucket_bytes: int = 2**19
 
 
 def dist_config(spec: PairSpec, world: int, schedule: str, staleness: int) -> DistConfig:
-    extra = {"bucket_bytes": spec.bucket_bytes} if schedule == "overlap" else {}
+    extra = {"bucket_bytes": spec.bucket_bytes} if schedule in BUCKETED else {}
     return DistConfig(world=world, balance=spec.balance, cost="flops", schedule=schedule, staleness=staleness,
                       items=spec.items, dedup="rank", **extra)
 

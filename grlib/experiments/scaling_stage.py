@@ -9,7 +9,8 @@ and the dedicated-core ones (less the time the ranks waited for a core; grlib.ex
 
     measured-schedule  measured: the ranks train the scale's model on ragged batches (the scale's data
                        at pair_max_len, sharded items, balance kk) under each schedule (sync, prefetch,
-                       semisync(k)): step time, per-rank utilisation = compute / wall, per-phase means
+                       semisync(k), overlap, pipelined(k)): step time, per-rank utilisation = compute /
+                       wall, per-phase means
     spans              measured: per rank and step, data / forward / loss / backward / comm (all-reduce +
                        item all-to-alls) / optimizer / idle (grlib.experiments.scaling_frames.spans)
     sim-validation     modelled vs measured: grlib.sim.pipeline predicts each schedule's 2-rank step from
@@ -39,6 +40,7 @@ from grlib import plots, results
 from grlib.config import Config, ScalingAblation
 from grlib.distributed.cost import QuadraticCost, calibrate_layer, fit_quadratic
 from grlib.distributed.launch import launch
+from grlib.distributed.schedules import STALE
 from grlib.experiments import scaling_charts as charts
 from grlib.experiments import scaling_cluster as cluster
 from grlib.experiments import scaling_frames as frames
@@ -60,7 +62,7 @@ def quick(ab: ScalingAblation) -> ScalingAblation:
 
 def pair_spec(ab: ScalingAblation) -> measured.PairSpec:
     return measured.PairSpec(ab.pair_batch_size, ab.pair_max_len, ab.pair_steps, ab.warm_steps, ab.rounds,
-                             tuple((s, ab.staleness if s == "semisync" else 0) for s in ab.schedules),
+                             tuple((s, ab.staleness if s in STALE else 0) for s in ab.schedules),
                              ab.pair_balance, ab.pair_items, ab.solo_steps, tuple(ab.gloo_sizes), ab.gloo_repeats)
 
 

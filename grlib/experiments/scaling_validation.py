@@ -19,7 +19,9 @@ averaged (predicted_step_ms_no_jitter: without). Two comparisons, each with its 
 
 The overlap schedule is modelled as prefetch with its bucketed all-reduce on a stream of its own
 (Setup.overlap_allreduce, the measured layout's bucket count): gloo runs an async all-reduce on its
-own threads while the main thread goes on with backward.
+own threads while the main thread goes on with backward. The pipelined schedule is semisync(k)
+(prefetch at k = 0) with the same buckets and the item table's trips on that stream
+(Setup.sparse_stream): grlib runs them on a thread of its own (grlib.distributed.stream).
 """
 from __future__ import annotations
 
@@ -95,9 +97,13 @@ def _jittered(loads: list[StepLoad], eps: np.ndarray, rng: np.random.Generator) 
 
 
 def model_setup(schedule: str, k: int, spec: measured.PairSpec, buckets: int) -> Setup:
-    """The modelled setup of a measured schedule: overlap = prefetch + the bucketed all-reduce."""
+    """The modelled setup of a measured schedule: overlap = prefetch + the bucketed all-reduce;
+    pipelined(k) = semisync(k) (prefetch at k = 0) + the buckets + the item trips on the stream."""
     if schedule == "overlap":
         return Setup("prefetch", 0, spec.items, overlap_allreduce=True, buckets=buckets)
+    if schedule == "pipelined":
+        return Setup("semisync" if k else "prefetch", k, spec.items, overlap_allreduce=True, buckets=buckets,
+                     sparse_stream=True)
     return Setup(schedule, k, spec.items)
 
 
@@ -148,7 +154,7 @@ def validation(cfg: Config, ab: ScalingAblation, spec: measured.PairSpec, two: l
                "cpu_ms": got["cpu_ms"], "solo_cpu_ms": solo_cpu}
         for kind, (_, _, suffix) in KINDS.items():
             setup, machine = model_setup(schedule, k, spec, buckets), machines[kind][0]
-            machine = dataclasses.replace(machine, streams=setup.overlap_allreduce)
+            machine = dataclasses.replace(machine, streams=setup.overlap_allreduce or setup.sparse_stream)
             out = simulate(setup, machine, models[kind], warm=ab.warm_steps)
             plain = 1e3 * float(np.median(out.step_s[:ab.pair_steps]))
             draws = [simulate(setup, machine, _jittered(models[kind], spreads[kind], np.random.default_rng([d, k])),

@@ -10,9 +10,11 @@ wait: that is where imbalance shows):
              the main lane has taken batch j - (k + 1) (grlib.train.prefetch.PrefetchWorker); the
              main lane takes batch i + k at the start of step i
     stream   a device's communication stream (Machine.streams): semisync's input rows' trip of
-             batch i+k issued at the start of step i, and the bucketed gradient all-reduce
-             (Setup.overlap_allreduce) beside backward. Without streams (gloo: host-driven
-             blocking collectives) both run on the main lane, where grlib runs them.
+             batch i+k issued at the start of step i, the bucketed gradient all-reduce
+             (Setup.overlap_allreduce) beside backward, and with Setup.sparse_stream (grlib's
+             pipelined schedule) every rows' and gradients' trip of the item table. Without
+             streams (gloo: host-driven blocking collectives) semisync's rows run on the main lane,
+             where grlib's semisync runs them.
 
 One step on the main lane, per schedule (trips: an all-to-all of grlib.sim.alltoall, flat or
 two-stage; meta: the split sizes' exchange before an ids' trip):
@@ -22,6 +24,11 @@ two-stage; meta: the split sizes' exchange before an ids' trip):
     prefetch  the same without plan and meta+ids (on the worker, a step ahead)
     semisync  prefetch, and rows(in) of batch i+k at the start of step i (before the fingerprint);
               after the step, grlib's stale-row bookkeeping (an all-reduce of StepLoad.stale_bytes)
+    sparse_stream  (on prefetch or semisync; grlib's pipelined(k)) the stream lane, at the start of step
+              i: rows(in) of batches i..i+k not fetched yet, then rows(loss) of batch i; the step waits
+              for rows(in) of batch i before its fingerprint, the loss for rows(loss); grads(loss) from backward's start,
+              grads(in) after backward; the optimizer waits for them and for the all-reduce. One FIFO
+              lane carries them and the all-reduce's buckets (no two collectives at once)
 
 All-reduce of B gradient bytes over P = N nodes x L ranks: ring, 2(P-1) steps, 2(P-1)/P B beta at the
 slowest link the ring crosses; of its 2(P-1) alphas, the 2(N-1) steps that cross nodes pay the
@@ -66,6 +73,7 @@ class Setup:
     node_dedup: float = 1.0  # hierarchical: inter-node bytes factor of per-node de-duplication
     overlap_allreduce: bool = False  # bucketed all-reduce beside backward (needs Machine.streams)
     buckets: int = 1  # all-reduce buckets (the last one runs after backward)
+    sparse_stream: bool = False  # the item table's trips on the stream (needs Machine.streams; not with sync)
 
     def __post_init__(self) -> None:
         if self.schedule not in SCHEDULES:
@@ -78,6 +86,8 @@ class Setup:
             raise ValueError(f"node_dedup must be in (0, 1], below 1 only with 'hierarchical'; got {self.node_dedup}")
         if self.buckets < 1:
             raise ValueError(f"buckets must be >= 1, got {self.buckets}")
+        if self.sparse_stream and self.schedule == "sync":
+            raise ValueError("sparse_stream needs the routes built ahead: schedule 'prefetch' or 'semisync', not 'sync'")
 
 
 @dataclass(frozen=True)
@@ -196,8 +206,9 @@ def simulate(setup: Setup, machine: Machine, loads: Sequence[StepLoad], warm: in
     k, sync = setup.staleness, setup.schedule == "sync"
     streams = machine.streams
     comm_lane = "stream" if streams else "main"
-    if setup.overlap_allreduce and not streams:
-        raise ValueError("overlap_allreduce needs a machine with communication streams (Machine.streams)")
+    if (setup.overlap_allreduce or setup.sparse_stream) and not streams:
+        raise ValueError("overlap_allreduce and sparse_stream need a machine with communication streams (Machine.streams)")
+    ahead = k > 0 or setup.sparse_stream  # rows(in) at the start of the step, for batches i..i+k
     lanes = _Lanes(P, keep_ranks)
     ready = [None] * len(loads)  # worker: routes built
     rows_in = [None] * len(loads)  # semisync: input rows looked up
@@ -230,34 +241,52 @@ def simulate(setup: Setup, machine: Machine, loads: Sequence[StepLoad], warm: in
         lanes.free["main"] = start
         if sync:
             lanes.run("main", "plan", ld.plan_s, kind="host")
-        if k:  # rows of batches i..i+k not yet looked up, at the start of step i
+        if ahead:  # rows of batches i..i+k not yet looked up, at the start of step i
             for j in range(i, min(i + k + 1, len(loads))):
                 if rows_in[j] is None:
                     rows_in[j] = lanes.run(comm_lane, "rows trip", rows(loads[j], "input"),
                                            after=lanes.free["main"], collective=True)
+        if setup.sparse_stream:
+            rows_loss = lanes.run("stream", "rows trip", rows(ld, "loss"), after=lanes.free["main"], collective=True)
+        if ahead:  # the schedule waits for batch i's rows before the step begins (its fingerprint)
+            lanes.run("main", "rows wait", 0.0, after=rows_in[i])
         lanes.run("main", "fingerprint", tiny_s(machine, P), collective=True)
         if sync:
             lanes.run("main", "ids trip", ids(ld, "input"), collective=True)
-        if not k:
+        if not ahead:
             lanes.run("main", "rows trip", rows(ld, "input"), collective=True)
-        lanes.run("main", "forward", f, after=rows_in[i] if k else 0.0, kind="compute")
+        lanes.run("main", "forward", f, kind="compute")
         if sync:
             lanes.run("main", "ids trip", ids(ld, "loss"), collective=True)
-        lanes.run("main", "rows trip", rows(ld, "loss"), collective=True)
+        if setup.sparse_stream:
+            lanes.run("main", "rows wait", 0.0, after=rows_loss)
+        else:
+            lanes.run("main", "rows trip", rows(ld, "loss"), collective=True)
         lanes.run("main", "loss", lo, kind="compute")
         bwd_start = lanes.free["main"].copy()
+        if setup.sparse_stream:  # the loss rows' gradients as backward begins
+            sent = [lanes.run("stream", "grads trip", rows(ld, "loss"), after=bwd_start, collective=True)]
         lanes.run("main", "backward", b, kind="compute")
-        for which in ("loss", "input"):
-            lanes.run("main", "grads trip", rows(ld, which), collective=True)
+        if not setup.sparse_stream:
+            for which in ("loss", "input"):
+                lanes.run("main", "grads trip", rows(ld, which), collective=True)
         ar = allreduce_s(machine, P, ld.grad_bytes)
         if setup.overlap_allreduce:  # buckets from backward's first 1/n on; the last after backward
             first = lanes.run("stream", "all-reduce", ar * (1 - 1 / setup.buckets),
                               after=bwd_start + b / setup.buckets, collective=True)
+            if setup.sparse_stream:  # the input rows' gradients when backward reaches the embeddings
+                sent.append(lanes.run("stream", "grads trip", rows(ld, "input"),
+                                      after=np.maximum(first, lanes.free["main"]), collective=True))
             done = lanes.run("stream", "all-reduce", ar / setup.buckets,
-                             after=np.maximum(first, lanes.free["main"]), collective=True)
+                             after=np.maximum(lanes.free["stream"], lanes.free["main"]), collective=True)
             lanes.run("main", "all-reduce wait", 0.0, after=done)
         else:
             lanes.run("main", "all-reduce", ar, collective=True)
+            if setup.sparse_stream:
+                sent.append(lanes.run("stream", "grads trip", rows(ld, "input"), after=lanes.free["main"],
+                                      collective=True))
+        if setup.sparse_stream:
+            lanes.run("main", "grads wait", 0.0, after=np.maximum.reduce(sent))
         lanes.run("main", "optimizer", o, kind="compute")
         end = lanes.run("main", "clip-norm sum", tiny_s(machine, P), collective=True)
         if k and ld.stale_bytes:
