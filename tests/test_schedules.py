@@ -93,25 +93,28 @@ def test_prefetch_and_semisync0_train_what_sync_trains_bit_for_bit():
 
 
 def test_one_worker_class_runs_ahead_for_every_schedule():
-    """Every class in grlib that starts a thread: only PrefetchWorker (one process's prefetch schedule
-    and a rank's prefetch / semisync schedules both run it)."""
+    """Every class in grlib that starts a thread: PrefetchWorker (one process's prefetch schedule and a
+    rank's prefetch / semisync / overlap / pipelined schedules all run it) and the pipelined schedule's
+    communication stream (grlib.distributed.stream.CommStream, a pool of one thread)."""
     root = Path(__file__).resolve().parents[1] / "grlib"
     starters = set()
     for path in root.rglob("*.py"):
         for cls in (n for n in ast.walk(ast.parse(path.read_text())) if isinstance(n, ast.ClassDef)):
             for call in (n for n in ast.walk(cls) if isinstance(n, ast.Call)):
                 name = call.func.attr if isinstance(call.func, ast.Attribute) else getattr(call.func, "id", "")
-                if name == "Thread":
+                if name in ("Thread", "ThreadPoolExecutor"):
                     starters.add(f"{path.relative_to(root.parent).with_suffix('')}.{cls.name}".replace("/", "."))
-    assert starters == {"grlib.train.prefetch.PrefetchWorker"}
+    assert starters == {"grlib.train.prefetch.PrefetchWorker", "grlib.distributed.stream.CommStream"}
 
 
 # The modules that call .backward() on something other than a training step's loss: measurements of
 # one layer or of the loss alone (kernels, calibrations, the negatives ablation's memory), bench ops and
-# the timing of a linear layer through each GEMM library (gemm_choice)
+# the timing of a linear layer through each GEMM library (gemm_choice); and the pipelined schedule's
+# communication stream, which continues the step's own backward through the item rows' trips (their
+# gradients, handed over by the step's backward hooks; tests/test_pipelined_schedule.py)
 MEASURING_BACKWARDS = {"grlib/experiments/negatives_stage.py", "grlib/experiments/kernels_stage.py",
                        "grlib/experiments/scaling_cluster.py", "grlib/distributed/cost.py", "grlib/bench/ops.py",
-                       "grlib/ops/gemm_choice.py"}
+                       "grlib/ops/gemm_choice.py", "grlib/distributed/stream.py"}
 
 
 def backward_calls(root: Path) -> dict[str, int]:
