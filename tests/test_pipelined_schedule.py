@@ -11,16 +11,13 @@ import numpy as np
 import pytest
 import torch
 
-from grlib.config import DistConfig, load_config
+from grlib.config import DistConfig
 from grlib.distributed.launch import launch
 from grlib.distributed.stream import StreamGrads
+from test_overlap_allreduce import _smoke, one_process  # noqa: F401  (the fixture: one process's 20 losses)
 
 LOSS_TOL = 1e-5  # as tests/test_data_parallel.py: float32 sums in another order
 SMALL = 16 * 2**10  # bytes: several buckets for the smoke model
-
-
-def _smoke(steps: int):
-    return load_config("smoke", {"train.max_steps": steps, "train.epochs": 5, "train.batch_size": 32})
 
 
 def _train(runtime, runs: list[DistConfig], steps: int) -> list[dict]:
@@ -38,24 +35,6 @@ def _train(runtime, runs: list[DistConfig], steps: int) -> list[dict]:
         keys = ("stream_grads_in_backward", "buckets_in_backward", "stale_fraction", "lookup_comm_s")
         out.append({"losses": fit.losses, **{k: [r.get(k) for r in fit.timeline] for k in keys}})
     return out
-
-
-@pytest.fixture(scope="module")
-def one_process() -> list[float]:
-    from grlib.data.catalog import load_dataset
-    from grlib.fit import train
-    from grlib.model import build_model
-
-    cfg = _smoke(20)
-    data = load_dataset(cfg, "scale").data  # prepared once, before the ranks read it
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        torch.manual_seed(cfg.train.seed)
-        model = build_model(cfg.model, data.n_items, cfg.data.max_len)
-        return train(model, data, cfg.train, cfg.data.max_len, cfg.negatives).losses
-    finally:
-        torch.set_num_threads(threads)
 
 
 def _assert_streamed(run: dict, steps: int) -> None:
