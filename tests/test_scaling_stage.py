@@ -60,7 +60,8 @@ def _rows(error: float, utilisation: float, efficiency: float) -> pl.DataFrame:
         {"part": "sim-validation", "schedule": s, "predicted_step_ms": 100 * (1 + e), "measured_step_ms": 100.0,
          "error": e, "abs_error": abs(e), "predicted_step_ms_raw": 100.0, "measured_step_ms_raw": 150.0,
          "error_raw": -1 / 3, "rq_wait_ms": 40.0} for s, e in (("sync", 0.05), ("semisync", error))] + [
-        {**sim, "config": "turbogr", "utilisation": utilisation, "linearity": utilisation},
+        {**sim, "config": "turbogr", "utilisation": utilisation, "linearity": utilisation, "sparse_stream": True,
+         "bucketed_allreduce": True},
         {**sim, "config": "baseline", "utilisation": 0.5, "linearity": 0.5, "schedule": "sync", "staleness": 0},
         {**sim, "config": "turbogr", "regime": "scaled", "utilisation": 0.1, "linearity": 0.1},
         {"part": "measured-schedule", "schedule": "semisync", "utilisation": 0.9, "utilisation_rank0": 0.9,
@@ -85,6 +86,8 @@ def test_modelled_verdicts_count_only_when_the_validation_holds(monkeypatch):
     assert ok[("C5.utilisation", "baseline")]["met"] is None  # a figure beside TurboGR
     assert "counts: every schedule's 2-rank prediction within 15%" in ok[("C5.utilisation", "turbogr")]["check"]
     assert "truncated KuaiRand-27K lengths" in ok[("C5.utilisation", "turbogr")]["check"]  # not the scaled row
+    assert "schedule pipelined(1)," in ok[("C5.utilisation", "turbogr")]["check"]  # the dist.schedule it models
+    assert "schedule sync," in ok[("C5.utilisation", "baseline")]["check"]
     assert not ok[("C5.measured", "semisync")]["met"] and ok[("C7.measured", "semisync")]["met"]
     assert ok[("C7.measured", "solo")]["met"] is None
 

@@ -24,6 +24,17 @@ GANTT_PHASES = ("data", "forward", "loss", "backward", "comm", "optimizer")  # c
 SCHEMA = {"target": pl.String, "check": pl.String, "value": pl.Float64, "met": pl.Boolean}
 
 
+def schedule_name(r: dict) -> str:
+    """The dist.schedule a modelled row stands for: pipelined(k) (the item trips on the stream), overlap
+    (prefetch + buckets), else the model's schedule(k)."""
+    k = f"({r['staleness']})" if r["staleness"] else ""
+    if r.get("sparse_stream"):
+        return f"pipelined{k or '(0)'}"
+    if r.get("bucketed_allreduce") and r["schedule"] == "prefetch":
+        return "overlap"
+    return f"{r['schedule']}{k}"
+
+
 def _part(table: pl.DataFrame, part: str, processes: int | None = None) -> pl.DataFrame:
     """The rows of one part (of those, with `processes`); none where the table has no such rows."""
     if "part" not in table.columns:
@@ -62,8 +73,8 @@ def acceptance(table: pl.DataFrame) -> pl.DataFrame:
                             f"{r['config']} at {P} ranks, modelled ({note}): {r['regime']} KuaiRand-27K lengths at "
                             f"max_len {r['max_len']}, {r['users_per_rank']} users per rank, {r['device']} "
                             f"{r['peak_tflops']:.0f} TFLOP/s x measured efficiency {r['efficiency']:.3f}, {r['preset']} "
-                            f"(NVLink {r['intra_gb_s']:.0f} GB/s, NIC {r['inter_gb_s']:.0f} GB/s), {r['schedule']}"
-                            f"{'(' + str(r['staleness']) + ')' if r['staleness'] else ''}, {r['items']} items, "
+                            f"(NVLink {r['intra_gb_s']:.0f} GB/s, NIC {r['inter_gb_s']:.0f} GB/s), schedule "
+                            f"{schedule_name(r)}, {r['items']} items, "
                             f"{r['balance']}; exposed comm {r['exposed_comm_ms']:.1f} of {r['step_ms']:.0f} ms"})
     t = registry.target("C5.measured")
     for r in _part(table, "measured-schedule").iter_rows(named=True):
