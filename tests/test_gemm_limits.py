@@ -46,7 +46,7 @@ def test_grlib_isa_avx2_runs_onednn_as_an_avx2_cpu():
     assert _onednn_isa({**base, "GRLIB_ISA": "avx2"}) == "Intel AVX2"
     assert _onednn_isa({**base, "GRLIB_ISA": "generic"}) == "Intel SSE4.1"
     if "avx512f" in isa.cpu_flags():
-        # unlimited, oneDNN picks 512-bit vectors or better: it names them "AVX-512 ..." on Zen 4/5 and
-        # older Xeons, "AVX10.1 and Intel AMX ..." on Sapphire Rapids and later
+        # unlimited, oneDNN picks 512-bit vectors or better: it names them "AVX-512 ..." on Zen 4/5,
+        # "AVX10.1 and Intel AMX ..." on a Xeon with AMX tiles (amx_tile in /proc/cpuinfo)
         default = _onednn_isa(base)
         assert any(name in default for name in ("AVX-512", "AVX10", "AMX")), default
