@@ -336,3 +336,17 @@ def test_extracted_folders_honour_the_umask(payload, tmp_path):
     finally:
         os.umask(old)
     assert stat.S_IMODE(dest.stat().st_mode) == 0o750
+
+
+def test_a_failed_connection_is_one_short_line(server, tmp_path, monkeypatch, capsys):
+    """Nothing listens on the mirror's port: one line naming the URL and the cause, not urllib3's
+    exception chain, and no 'Downloading data from' line of pooch before it."""
+    base = server.base
+    server.close()  # the port is free again: a connection to it is refused
+    monkeypatch.setitem(registry.DATASETS, "kuairand-pure", _spec(server, url=UNREACHABLE))
+    assert main(["data", "download", "--dataset", "kuairand-pure", "--cache", str(tmp_path / "c"),
+                 "--mirror", f"{base}/m"]) == 2
+    got = capsys.readouterr()
+    assert got.out == "" and got.err.count("\n") == 1, got.err
+    assert got.err.startswith(f"error: {base}/m/Tiny.tar.gz: cannot connect: connection refused; "), got.err
+    assert len(got.err) < 200 and not re.search(r"ConnectionPool|Max retries|object at 0x|Downloading", got.err)

@@ -25,8 +25,10 @@ needed; the partial file is kept and the next call resumes from it.
 from __future__ import annotations
 
 import errno
+import logging
 import os
 import posixpath
+import re
 import shutil
 import tarfile
 import tempfile
@@ -152,6 +154,9 @@ def fetch(spec: DatasetSpec, cache: Path | None = None, mirror: str | None = Non
     part = cache / f"{spec.archive}.part"
     check_disk(cache, download_bytes_needed(spec, cache), f"download {spec.archive}", DownloadError)
     downloader = ResumableDownloader(part, spec.archive_bytes if spec.exact_size else None)
+    logger = pooch.get_logger()
+    level = logger.level
+    logger.setLevel(logging.WARNING)  # pooch's "Downloading data from ..." line: the progress bar names the file
     try:
         path = pooch.retrieve(url, known_hash=f"md5:{spec.md5}", fname=spec.archive, path=cache,
                               downloader=downloader, progressbar=False)
@@ -161,8 +166,34 @@ def fetch(spec: DatasetSpec, cache: Path | None = None, mirror: str | None = Non
         part.unlink(missing_ok=True)
         raise DownloadError(f"{url}: checksum mismatch, nothing kept in {cache} ({err})") from err
     except requests.RequestException as err:
-        raise DownloadError(f"{url}: {err}; a partial file, if any, is kept in {part}") from err
+        raise DownloadError(f"{url}: {request_failure(err)}; a partial file, if any, is kept in {part}") from err
+    finally:
+        logger.setLevel(level)
     return Path(path)
+
+
+def request_failure(err: requests.RequestException) -> str:
+    """What went wrong with a request, in a few words ('connection refused', 'timed out', 'Name or
+    service not known'), not urllib3's chain of wrapped exceptions with its object addresses."""
+    if isinstance(err, requests.Timeout):
+        return "timed out"
+    cause: BaseException = err
+    for _ in range(8):  # requests' error -> urllib3's MaxRetryError -> its .reason (NewConnectionError, ...)
+        inner = getattr(cause, "reason", None)
+        if not isinstance(inner, BaseException):
+            inner = next((a for a in getattr(cause, "args", ()) if isinstance(a, BaseException)), None)
+        if inner is None:
+            break
+        cause = inner
+    text = str(cause)
+    errno_text = re.search(r"\[Errno -?\d+\] ([^'\")\]]+)", text)
+    if errno_text:
+        what = errno_text.group(1).strip().rstrip(".")
+        return f"cannot connect: {what[:1].lower()}{what[1:]}" if isinstance(err, requests.ConnectionError) else what
+    text = re.sub(r"<[^>]* object at 0x[0-9a-f]+>: ", "", text)  # urllib3's object reprs
+    text = re.sub(r"\w+ConnectionPool\([^)]*\): ", "", text)
+    text = " ".join(text.split())
+    return f"{type(err).__name__}: {text[:160]}" if text else type(err).__name__
 
 
 def _members_size(archive: Path) -> int:
