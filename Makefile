@@ -1,7 +1,8 @@
 # grlib workbench. Every target installs what it needs into .venv on first use, and skips the
 # install when nothing it depends on changed (stamp files inside .venv).
 #
-#   make reproduce   dvc repro at params.yaml's scale (laptop): tables, figures, executed notebooks
+#   make reproduce   dvc repro at params.yaml's scale (laptop): tables, figures, executed notebooks; then
+#                    the claims at a glance (python -m grlib claims)
 #   make test        pytest: unit, property, pipeline, notebooks (nbmake)
 #   make lab         JupyterLab on notebooks/ (127.0.0.1:8888)
 #   make bench       every benchmark command at the laptop scale (--record: rows in results/tables/bench_*)
@@ -48,9 +49,11 @@ $(TEST_STAMP): $(DEPS_STAMP)
 	dvc init -q
 	dvc config core.analytics false
 
+# ends with the claims at a glance (python -m grlib claims: from results/summary/<scale>.md, within 120
+# columns); every stage's metrics: dvc metrics show
 reproduce: $(KERNEL_STAMP) .dvc/config
 	dvc repro
-	dvc metrics show
+	$(PY) -m grlib claims
 
 test: $(KERNEL_STAMP) $(TEST_STAMP)
 	$(PY) -m pytest -q -n $(TEST_WORKERS)

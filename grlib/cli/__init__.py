@@ -5,13 +5,14 @@
     python -m grlib bench ops --json out.json
     python -m grlib train --scale smoke --dataset ml-100k --model hstu --json out.json
     python -m grlib data prepare --dataset synthetic --out DIR
+    python -m grlib claims [--scale laptop] [--checks]
 
 A user mistake (a bad scale, parameter, override, data file, checkpoint or output folder, process
 layout, or a notebook cell that raised) prints one line `error: ...` on stderr and exits with
 status 2. A rank of a multi-process run that fails prints `error:` with the rank and its traceback's
 tail, and exits with status 1.
 """
-# One module per command: notebook (with the papermill runner), train, data; `config` is below and
+# One module per command: notebook (with the papermill runner), train, data, claims; `config` is below and
 # the benchmarks are grlib.bench. Commands call experiments and the library, never the other way
 # round (tests/test_layers.py).
 from __future__ import annotations
@@ -37,7 +38,7 @@ def build_parser(complete: bool = False) -> argparse.ArgumentParser:
     """The parser of every command; a bench's own arguments are added when it is named (its module
     imported then), or all at once with `complete` (to read the parsers without parsing)."""
     from grlib.bench import add_bench_parser
-    from grlib.cli import data, notebook, train
+    from grlib.cli import claims, data, notebook, train
 
     parser = argparse.ArgumentParser(prog="python -m grlib", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -53,6 +54,7 @@ def build_parser(complete: bool = False) -> argparse.ArgumentParser:
     add_bench_parser(sub, complete)
     data.add_parser(sub)
     train.add_parser(sub)
+    claims.add_parser(sub)
     return parser
 
 
