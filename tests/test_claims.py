@@ -117,10 +117,17 @@ def _sparse_rows(cut: float, cut_dedup: float, gloo_error: float, hier_inter: in
     return rows
 
 
-def _bench_train_rows(layers: int, mfu: float, nominal: float | None = None) -> list[dict]:
-    """Rows of one bench train run; with `nominal`, also the MFU over a nominal peak 1.2x the measured one."""
+NO_BF16 = {"cpu_model": "AMD EPYC", "cpu_id": "AuthenticAMD family 0x19 model 0x1", "cpu_bf16_units": "none"}  # Zen 3
+AMX = {"cpu_model": "Intel(R) Xeon(R) Processor", "cpu_id": "GenuineIntel family 0x6 model 0xa7",
+       "cpu_bf16_units": "avx512_bf16 amx_bf16"}
+ZEN4 = {"cpu_model": "AMD EPYC", "cpu_id": "AuthenticAMD family 0x19 model 0x11", "cpu_bf16_units": "avx512_bf16"}
+
+
+def _bench_train_rows(layers: int, mfu: float, nominal: float | None = None, cpu: dict | None = NO_BF16) -> list[dict]:
+    """Rows of one bench train run on `cpu` (its columns; None: rows from before them); with `nominal`,
+    also the MFU over a nominal peak 1.2x the measured one."""
     shape = {"d_model": 256, "n_layers": layers, "n_heads": 2, "batch": 64, "max_len": 128, "params": 2_014_848,
-             "peak_flops": 3.6e11}
+             "peak_flops": 3.6e11, **(cpu or {})}
     if nominal is not None:
         shape["nominal_peak_flops"] = 4.32e11
     extra = (lambda m: {"mfu_nominal": m / 1.2, "gemm_bound_ms": 120.0, "mfu_gemm_bound": 0.694}) \
@@ -147,7 +154,7 @@ def test_report_shows_every_claim_at_every_scale(isolated_outputs):
     results.append_rows("balance", _balance_rows(0.47, 0.0004, 0.60, 0.10), smoke)
     results.append_rows("sparse", _sparse_rows(0.2, 0.8, 0.1, 600), smoke)
     results.append_rows("bench_train", _bench_train_rows(2, 0.333, nominal=True), laptop)
-    results.append_rows("bench_train", _bench_train_rows(1, 0.258), laptop)
+    results.append_rows("bench_train", _bench_train_rows(1, 0.258, cpu=None), laptop)  # a row before the CPU columns
     assert report.scales() == ["smoke", "laptop"]
 
     table = report.claims_all()
@@ -198,9 +205,12 @@ def test_report_shows_every_claim_at_every_scale(isolated_outputs):
         "not measured yet: no kernels rows at laptop"]
     mfu = lap.filter(pl.col("target") == "C7.mfu")
     # the laptop preset (2 layers) first; the verdict reads the nominal peak's MFU (the paper's convention),
-    # the measured GEMM peak's beside it; a row without a nominal peak says so and reads the measured one
-    assert mfu["ours"].to_list() == ["27.8%", "25.8%"]
-    assert mfu["verdict"].to_list() == ["not met", "not met"] and set(mfu["paper"]) == {"54.71%"}
+    # the measured GEMM peak's beside it; a row without a nominal peak says so and reads the measured one;
+    # fp32 judges on a CPU without bf16 units; a row that records no CPU (nor its bf16 units) judges nothing
+    assert mfu["ours"].to_list() == ["27.8% (fp32)", "25.8% (fp32)"]
+    assert mfu["verdict"].to_list() == ["not met", report.UNITS_UNKNOWN] and set(mfu["paper"]) == {"54.71%"}
+    assert mfu["met"].to_list() == [False, None]
+    assert "judged in fp32: this CPU has no bf16 units" in mfu["obtained"][0]
     assert "(preset)" in mfu["check"][0] and "(preset)" not in mfu["check"][1]
     assert ("250.0 ms/step; of the nominal fp32 peak 432 GFLOP/s; 33.3% of the fp32 GEMM peak measured in the run "
             "(360 GFLOP/s); padded reference 15.8%; GEMMs alone 120 ms of the step: 69.4% of the measured peak "
@@ -272,17 +282,67 @@ def test_report_verdicts_read_the_registry(isolated_outputs, monkeypatch):
     assert verdict("W1.quality") == [False] and verdict("C7.mfu") == [True]
 
 
-def test_bf16_bench_rows_are_a_c7_row_of_their_own(isolated_outputs):
+def _bf16_rows(mfu: float, cpu: dict) -> list[dict]:
+    return [dict(r, precision="bf16", peak_flops=8.4e11, nominal_peak_flops=9.2e11)
+            for r in _bench_train_rows(2, mfu, nominal=True, cpu=cpu)]
+
+
+def test_c7_mfu_judges_in_bf16_where_the_cpu_has_bf16_units(isolated_outputs):
+    """C7's MFU is the paper's half-precision figure: on a CPU with bf16 units its bf16 row judges
+    (against the bf16 nominal peak, the measured bf16 GEMM peak beside it) and its fp32 rows are
+    context, even above 54.71%; such a CPU without a bf16 row reads "not measured in bf16"; a CPU
+    without bf16 units judges in fp32; each CPU's rows stand apart, the newest CPU first."""
     cfg = load_config("laptop")
-    results.append_rows("bench_train", _bench_train_rows(2, 0.333, nominal=True), cfg)  # rows without `precision`
-    bf16 = [dict(r, precision="bf16", peak_flops=8.4e11, nominal_peak_flops=9.2e11)
-            for r in _bench_train_rows(2, 0.21, nominal=True)]
-    results.append_rows("bench_train", bf16, cfg)  # newer, but of another precision: both stand
+    results.append_rows("bench_train", _bench_train_rows(2, 0.9, nominal=True, cpu=ZEN4), cfg)  # 75% nominal, fp32
+    results.append_rows("bench_train", _bench_train_rows(2, 0.9, nominal=True, cpu=AMX), cfg)
+    results.append_rows("bench_train", _bf16_rows(0.21, AMX), cfg)  # 17.5% of the bf16 nominal
+    results.append_rows("bench_train", _bench_train_rows(2, 0.9, nominal=True), cfg)  # Zen 3: fp32 only
     mfu = report.claims("laptop").filter(pl.col("target") == "C7.mfu")
-    assert mfu["ours"].to_list() == ["27.8%", "17.5%"]
-    assert "bf16 mode" not in mfu["check"][0] and "(preset), bf16 mode:" in mfu["check"][1]
+    cpu = pl.col("check").str.extract(r"(family 0x[0-9a-f]+ model 0x[0-9a-f]+)", 1)
+    per_cpu = {c: list(zip(g["ours"], g["verdict"], g["met"]))  # each CPU's rows together, in order
+               for (c,), g in mfu.with_columns(cpu.alias("cpu")).group_by("cpu", maintain_order=True)}
+    assert per_cpu == {
+        "family 0x19 model 0x1": [("75% (fp32)", "met", True)],  # Zen 3: no bf16 units, fp32 judges
+        "family 0x6 model 0xa7": [("17.5% (bf16)", "not met", False), ("75% (fp32)", report.BF16_CONTEXT, None)],
+        "family 0x19 model 0x11": [("—", report.NOT_IN_BF16, None), ("75% (fp32)", report.BF16_CONTEXT, None)]}
+    order = ["family 0x19 model 0x1", "family 0x6 model 0xa7", "family 0x19 model 0x11"]  # Zen 3, the Xeon, Zen 4
+    mfu = mfu.sort(cpu.replace_strict(order, range(3)), maintain_order=True)
+    checks, obtained = mfu["check"].to_list(), mfu["obtained"].to_list()
+    assert checks[0].startswith("fp32 · HSTU 2x2 d=256") and "family 0x19 model 0x1), bf16 units: none" in checks[0]
+    assert checks[1].startswith("bf16 · HSTU 2x2 d=256") and "(preset)" in checks[1]
+    assert "Intel(R) Xeon(R) Processor (family 0x6 model 0xa7), bf16 units: avx512_bf16 amx_bf16" in checks[1]
     assert "of the nominal bf16 peak 920 GFLOP/s; 21% of the bf16 GEMM peak measured in the run (840 GFLOP/s)" \
-        in mfu["obtained"][1]
+        in obtained[1]
+    assert "this CPU has bf16 units, so its bf16 rows judge" in obtained[2]
+    assert checks[3].startswith("bf16 · AMD EPYC (family 0x19 model 0x11), bf16 units: avx512_bf16")
+    assert obtained[3].startswith("not measured in bf16: no `bench train --precision bf16` row of this CPU")
+    assert "its bf16 row would judge (none yet)" in obtained[4]
+
+
+def test_c7_mfu_reads_the_cpu_of_older_rows_from_their_nominal_peak(isolated_outputs):
+    """Rows from before cpu_id / cpu_bf16_units: the CPU and its bf16 flag from nominal_peak_how (a
+    path below avx512 leaves the flags out: its "no bf16 instructions" says nothing), grouped with the
+    same CPU's newer rows; a row that records no CPU stands only where no known CPU's row has its key."""
+    cfg = load_config("laptop")
+    how = ("2 cores x 64 FLOP/cycle (avx512f ...; bf16: {}) [probe: 64.0 FLOP/cycle] x 2.27 GHz; "
+           "CPU 'Intel(R) Xeon(R) Processor' family 0x6 model 0xa7; grlib._C path {}")
+    old = [dict(r, nominal_peak_how=how.format("amx_bf16: 1024 bf16 FLOP per cycle per core (Intel AMX)", "avx512"))
+           for r in _bench_train_rows(2, 0.5, nominal=True, cpu=None)]
+    avx2 = [dict(r, isa="avx2", nominal_peak_how=how.format("no bf16 instructions: bf16 computes in fp32", "avx2"))
+            for r in _bench_train_rows(1, 0.5, nominal=True, cpu=None)]
+    results.append_rows("bench_train", _bench_train_rows(2, 0.4, nominal=True, cpu=None), cfg)  # no CPU: superseded
+    results.append_rows("bench_train", old + avx2, cfg)
+    results.append_rows("bench_train", _bf16_rows(0.3, AMX), cfg)  # a new row of the same CPU
+    mfu = report.claims("laptop").filter(pl.col("target") == "C7.mfu")
+    assert list(zip(mfu["ours"], mfu["verdict"])) == [("25% (bf16)", "not met"), ("41.7% (fp32)", report.BF16_CONTEXT),
+                                                      ("41.7% (fp32)", report.BF16_CONTEXT)]
+    assert all("Intel(R) Xeon(R) Processor (family 0x6 model 0xa7)" in c for c in mfu["check"])
+    assert "the avx2 path" in mfu["check"][2]
+    # the same CPU's rows alone, without the bf16 row: the flag still comes from the avx512 row's peak
+    units = report._with_cpu(pl.DataFrame(old + avx2).with_columns(pl.lit("fp32").alias("precision")))["bf16_units"]
+    assert units.to_list() == ["amx_bf16"] * 4
+    alone = report._with_cpu(pl.DataFrame(avx2).with_columns(pl.lit("fp32").alias("precision")))["bf16_units"]
+    assert alone.to_list() == [None, None]
 
 
 def _scaling_rows(error: float) -> list[dict]:

@@ -71,7 +71,9 @@ class Found:
     check: str
     ours: str
     how: str             # the run it comes from and its parameters
-    met: bool | None     # None: the target has no threshold
+    met: bool | None     # None: no verdict (the target has no threshold, or this row does not judge)
+    verdict: str | None = None  # the verdict's words where not VERDICTS[met] (C7.mfu: "fp32: context" ...)
+    kind: str | None = None     # how it is obtained where not the target's method (C7.mfu: "not measured in bf16")
 
 
 VERDICTS = {True: "met", False: "not met", None: "(no threshold)"}
@@ -157,11 +159,50 @@ PAPER_ON_CPU = "paper-cpu"  # the paper preset's model on one CPU (params.yaml):
 
 def _mfu(scale: str) -> list[Found]:
     """C7's MFU from `bench train`: the newest row of the automatically chosen attention per model
-    shape, the scale's own, then those of the paper preset on this CPU (scale paper-cpu)."""
+    shape, precision and CPU, the scale's own, then those of the paper preset on one CPU (scale paper-cpu)."""
     found = _mfu_rows(scale, "")
     if scale != PAPER_ON_CPU:
-        found += _mfu_rows(PAPER_ON_CPU, f"; scale {PAPER_ON_CPU}, the paper preset on this CPU")
+        found += _mfu_rows(PAPER_ON_CPU, f"; scale {PAPER_ON_CPU}, the paper preset on one CPU")
     return found
+
+
+# The paper's 54.71% is a half-precision figure (NPU matrix units): on a CPU with bf16 units the verdict
+# reads its bf16 rows (against the bf16 nominal peak) and its fp32 rows are context; a CPU without bf16
+# units can only run fp32, whose rows then judge; a CPU whose bf16 units no row records judges nothing.
+BF16_CONTEXT = "fp32: context"  # verdicts of the rows that do not judge
+UNITS_UNKNOWN = "fp32: bf16 units not recorded"
+NOT_IN_BF16 = "not measured in bf16"
+_HOW_CPU = r"CPU '([^']*)' family"  # nominal_peak_how names the CPU (rows since the nominal peak, 2026-12-01)
+_FAMILY = r"(family 0x[0-9a-f]+ model 0x[0-9a-f]+)"  # in cpu_id and in nominal_peak_how
+
+
+def _with_cpu(table: pl.DataFrame) -> pl.DataFrame:
+    """Columns `cpu` (the CPU's name and family / model; null: not recorded) and `bf16_units` (its
+    bf16 flags, "none", or null: not recorded) of every bench_train row: the recorded cpu_model,
+    cpu_id and cpu_bf16_units, else what the row's nominal_peak_how says (rows from before those
+    columns: its CPU, and its bf16 FLOP per cycle's source, which names the bf16 flag; "no bf16
+    instructions" counts only on the avx512 path, the others' nominal peak leaving the flags out),
+    then, per CPU, what another of its rows records; a bf16 row's CPU has bf16 units (bench train
+    refuses bf16 elsewhere)."""
+    col = lambda c: pl.col(c) if c in table.columns else pl.lit(None, pl.String)  # noqa: E731
+    how = col("nominal_peak_how")
+    name = pl.coalesce(col("cpu_model"), how.str.extract(_HOW_CPU, 1))
+    family = pl.coalesce(col("cpu_id").str.extract(_FAMILY, 1), how.str.extract(_FAMILY, 1))
+    from_how = (pl.when(how.str.contains("bf16: amx_bf16:", literal=True)).then(pl.lit("amx_bf16"))
+                .when(how.str.contains("bf16: avx512_bf16:", literal=True)).then(pl.lit("avx512_bf16"))
+                .when(how.str.contains("no bf16 instructions", literal=True) & (pl.col("isa") == "avx512"))
+                .then(pl.lit("none")))
+    table = table.with_columns(
+        pl.when(name.is_null() & family.is_null()).then(pl.lit(None, pl.String))
+        .otherwise(pl.concat_str(name.fill_null("CPU"), pl.lit(" ("), family.fill_null("family not recorded"),
+                                 pl.lit(")"))).alias("cpu"),
+        pl.coalesce(col("cpu_bf16_units"), from_how,
+                    pl.when(pl.col("precision") == "bf16").then(pl.lit("bf16 units"))).alias("bf16_units"))
+    known = (pl.col("bf16_units").filter(pl.col("bf16_units") != "bf16 units").drop_nulls().first()
+             .over("cpu"))  # a flag another row of the CPU names, before the bare "a bf16 row ran"
+    fill = pl.coalesce(known, pl.col("bf16_units").drop_nulls().first().over("cpu"))
+    return table.with_columns(pl.when(pl.col("cpu").is_null()).then(pl.col("bf16_units")).otherwise(fill)
+                              .alias("bf16_units"))
 
 
 def _mfu_rows(scale: str, label: str) -> list[Found]:
@@ -173,49 +214,92 @@ def _mfu_rows(scale: str, label: str) -> list[Found]:
     # paths every run was on an AVX-512 machine: Zen 5, Xeon)
     table = table.with_columns(*((pl.col(c).fill_null(v) if c in table.columns else pl.lit(v)).alias(c)
                                  for c, v in (("precision", "fp32"), ("recompute_layers", False), ("isa", "avx512"))))
-    rows = results.latest(table.filter(pl.col("auto")), [*SHAPE, "precision", "recompute_layers", "isa"]).to_dicts()
-    rows.sort(key=lambda r: (tuple(r[k] for k in SHAPE) != preset, *(r[k] for k in SHAPE), r["precision"] != "fp32"))
-    found = []
+    table = _with_cpu(table)
+    key = [*SHAPE, "precision", "recompute_layers", "isa"]
+    rows = results.latest(table.filter(pl.col("auto")), [*key, "cpu"])
+    # a row that records no CPU stands only where no row of a known CPU has its key (older runs, superseded)
+    rows = pl.concat([rows.filter(pl.col("cpu").is_not_null()),
+                      rows.filter(pl.col("cpu").is_null()).join(rows.filter(pl.col("cpu").is_not_null()),
+                                                                 on=key, how="anti", nulls_equal=True)]).to_dicts()
+    newest = {}  # each CPU's newest row: the CPUs in that order, the newest first; rows recording none last
     for r in rows:
-        shape = tuple(r[k] for k in SHAPE)
-        ref = table.filter((pl.col("run_id") == r["run_id"]) & (pl.col("attention_impl") == "reference")
-                           & (pl.col("isa") == r["isa"])
-                           & ~(pl.col("compiled").fill_null(False) if "compiled" in table.columns else pl.lit(False)))
-        # the paper's figure divides by a nominal peak (NVIDIA's convention): the verdict reads mfu_nominal,
-        # and the MFU against the GEMM peak measured in the same run stands beside it
-        nominal = r.get("mfu_nominal")
-        value = nominal if nominal is not None else r["mfu"]
-        cpu = r.get("cpu_model") or "CPU not recorded"
-        limit = r.get("gemm_limit")
-        how = (f"bench_train run {r['run_id']} ({r['timestamp'][:10]}, {cpu}, grlib._C path {r['isa']}"
-               f"{'' if not limit or limit == 'none' else ', GEMMs limited: ' + limit}): "
-               f"{r['attention_impl']} attention, {r['step_ms']:.1f} ms/step; ")
-        if nominal is not None:
-            how += (f"of the nominal {r['precision']} peak {r['nominal_peak_flops'] / 1e9:.0f} GFLOP/s; "
-                    f"{Figure.of(r['mfu'], mfu.unit).short()} of the {r['precision']} GEMM peak measured in the run "
-                    f"({r['peak_flops'] / 1e9:.0f} GFLOP/s)")
-        else:
-            how += (f"of the fp32 GEMM peak measured in the run ({r['peak_flops'] / 1e9:.0f} GFLOP/s; "
-                    f"the row records no nominal peak)")
-        if ref.height:  # the reference row of the same recomputation where the run has one
-            same = ref.filter(pl.col("recompute_layers") == r["recompute_layers"])
-            ref = same if same.height else ref
-            ref_value = ref["mfu_nominal"][0] if nominal is not None else ref["mfu"][0]
-            how += (f"; padded reference {Figure.of(ref_value, mfu.unit).short()}"
-                    f"{' (layers recomputed)' if ref['recompute_layers'][0] and not r['recompute_layers'] else ''}")
-        if r.get("mfu_gemm_bound") is not None:  # rows since bench train's GEMM-only bound
-            how += (f"; GEMMs alone {r['gemm_bound_ms']:.0f} ms of the step: "
-                    f"{Figure.of(r['mfu_gemm_bound'], mfu.unit).short()} of the measured peak if nothing else took time")
-        if r.get("peak_rss_mb") is not None:  # rows since bench train's peak RSS column
-            how += f"; peak RSS {r['peak_rss_mb'] / 1024:.1f} GB"
-        found.append(Found(mfu.key, f"HSTU {r['n_layers']}x{r['n_heads']} d={r['d_model']} ({r['params'] / 1e6:.1f}M "
-                                    f"parameters), batch {r['batch']} x max_len {r['max_len']}"
-                                    f"{' (preset)' if shape == preset else ''}"
-                                    f"{', layers recomputed in backward' if r.get('recompute_layers') else ''}"
-                                    f"{'' if r['isa'] == 'avx512' else ', the ' + r['isa'] + ' path'}{label}"
-                                    f"{'' if r['precision'] == 'fp32' else ', ' + r['precision'] + ' mode'}: {mfu.threshold}",
-                           Figure.of(value, mfu.unit).short(), how, mfu.met(value)))
+        newest[r["cpu"]] = max(newest.get(r["cpu"], ""), r["timestamp"])
+    order = sorted(sorted(c for c in newest if c is not None), key=newest.get, reverse=True) + \
+        ([None] if None in newest else [])  # ties (timestamps in seconds): by name
+    found = []
+    for cpu in order:
+        mine = [r for r in rows if r["cpu"] == cpu]
+        mine.sort(key=lambda r: (tuple(r[k] for k in SHAPE) != preset, *(r[k] for k in SHAPE),
+                                 r["precision"] != "bf16", r["recompute_layers"], r["isa"]))
+        units = mine[0]["bf16_units"]
+        has_bf16 = units not in (None, "none")
+        in_bf16 = any(r["precision"] == "bf16" for r in mine)
+        if has_bf16 and not in_bf16:
+            found.append(Found(mfu.key, f"bf16 · {_cpu_text(cpu, units)}{label}: {mfu.threshold}", "—",
+                               f"no `bench train --precision bf16` row of this CPU at scale {scale}, which has bf16 "
+                               f"units ({units}): the paper's 54.71% is a half-precision figure, so this CPU's "
+                               f"fp32 rows are context, not the verdict", None, verdict=NOT_IN_BF16, kind=NOT_IN_BF16))
+        found += [_mfu_found(table, r, mfu, preset, label, units, in_bf16) for r in mine]
     return found
+
+
+def _cpu_text(cpu: str | None, units: str | None) -> str:
+    return (f"{cpu or 'CPU not recorded'}, bf16 units: "
+            f"{'not recorded' if units is None else 'a bf16 row ran' if units == 'bf16 units' else units}")
+
+
+def _mfu_found(table: pl.DataFrame, r: dict, mfu: Target, preset: tuple | None, label: str, units: str | None,
+               in_bf16: bool) -> Found:
+    """One C7.mfu row: judged when it is the CPU's precision of the verdict (module note above _with_cpu)."""
+    shape = tuple(r[k] for k in SHAPE)
+    ref = table.filter((pl.col("run_id") == r["run_id"]) & (pl.col("attention_impl") == "reference")
+                       & (pl.col("isa") == r["isa"])
+                       & ~(pl.col("compiled").fill_null(False) if "compiled" in table.columns else pl.lit(False)))
+    # the paper's figure divides by a nominal peak (NVIDIA's convention): the verdict reads mfu_nominal,
+    # and the MFU against the GEMM peak measured in the same run stands beside it
+    nominal = r.get("mfu_nominal")
+    value = nominal if nominal is not None else r["mfu"]
+    cpu = r.get("cpu_model") or "CPU not recorded"
+    limit = r.get("gemm_limit")
+    how = (f"bench_train run {r['run_id']} ({r['timestamp'][:10]}, {cpu}, grlib._C path {r['isa']}"
+           f"{'' if not limit or limit == 'none' else ', GEMMs limited: ' + limit}): "
+           f"{r['attention_impl']} attention, {r['step_ms']:.1f} ms/step; ")
+    if nominal is not None:
+        how += (f"of the nominal {r['precision']} peak {r['nominal_peak_flops'] / 1e9:.0f} GFLOP/s; "
+                f"{Figure.of(r['mfu'], mfu.unit).short()} of the {r['precision']} GEMM peak measured in the run "
+                f"({r['peak_flops'] / 1e9:.0f} GFLOP/s)")
+    else:
+        how += (f"of the {r['precision']} GEMM peak measured in the run ({r['peak_flops'] / 1e9:.0f} GFLOP/s; "
+                f"the row records no nominal peak)")
+    if ref.height:  # the reference row of the same recomputation where the run has one
+        same = ref.filter(pl.col("recompute_layers") == r["recompute_layers"])
+        ref = same if same.height else ref
+        ref_value = ref["mfu_nominal"][0] if nominal is not None else ref["mfu"][0]
+        how += (f"; padded reference {Figure.of(ref_value, mfu.unit).short()}"
+                f"{' (layers recomputed)' if ref['recompute_layers'][0] and not r['recompute_layers'] else ''}")
+    if r.get("mfu_gemm_bound") is not None:  # rows since bench train's GEMM-only bound
+        how += (f"; GEMMs alone {r['gemm_bound_ms']:.0f} ms of the step: "
+                f"{Figure.of(r['mfu_gemm_bound'], mfu.unit).short()} of the measured peak if nothing else took time")
+    if r.get("peak_rss_mb") is not None:  # rows since bench train's peak RSS column
+        how += f"; peak RSS {r['peak_rss_mb'] / 1024:.1f} GB"
+    verdict = None
+    if r["precision"] == "fp32" and units is None:
+        verdict = UNITS_UNKNOWN
+        how += "; no verdict: the row does not record whether its CPU has bf16 units (the paper's precision)"
+    elif r["precision"] == "fp32" and units != "none":
+        verdict = BF16_CONTEXT
+        judge = "its bf16 rows judge" if in_bf16 else "its bf16 row would judge (none yet)"
+        how += f"; context: this CPU has bf16 units, so {judge} (the paper's 54.71% is a half-precision figure)"
+    elif r["precision"] == "fp32":
+        how += "; judged in fp32: this CPU has no bf16 units (no avx512_bf16 or amx_bf16)"
+    check = (f"{r['precision']} · HSTU {r['n_layers']}x{r['n_heads']} d={r['d_model']} ({r['params'] / 1e6:.1f}M "
+             f"parameters), batch {r['batch']} x max_len {r['max_len']}"
+             f"{' (preset)' if shape == preset else ''}"
+             f"{', layers recomputed in backward' if r.get('recompute_layers') else ''}"
+             f"{'' if r['isa'] == 'avx512' else ', the ' + r['isa'] + ' path'} · {_cpu_text(r['cpu'], units)}{label}: "
+             f"{mfu.threshold}")
+    return Found(mfu.key, check, f"{Figure.of(value, mfu.unit).short()} ({r['precision']})", how,
+                 None if verdict else mfu.met(value), verdict=verdict)
 
 
 def _bf16(scale: str) -> list[Found]:
@@ -319,8 +403,8 @@ def _claim_rows(scale: str, t: Target, found: list[Found]) -> list[dict]:
         check = f"{t.what}: {t.threshold}" if t.bounds else t.what
         return [{**base, "check": check, "ours": "—", "obtained": f"not measured yet: {reason}",
                  "verdict": "not measured yet", "met": None}]
-    return [{**base, "check": f.check, "ours": f.ours, "obtained": f"{t.method.kind}: {f.how}",
-             "verdict": VERDICTS[f.met], "met": f.met} for f in found]
+    return [{**base, "check": f.check, "ours": f.ours, "obtained": f"{f.kind or t.method.kind}: {f.how}",
+             "verdict": f.verdict or VERDICTS[f.met], "met": f.met} for f in found]
 
 
 def claims(scale: str) -> pl.DataFrame:
