@@ -1,35 +1,57 @@
 """Progress when stderr is not a terminal: periodic one-line logs (GRLIB_PROGRESS_INTERVAL), a last
-line for work that logged, nothing for short work, nothing at all under GRLIB_PROGRESS=0."""
+line for work that logged, nothing for short work, nothing at all under GRLIB_PROGRESS=0. The
+seconds come from a fake clock (grlib.progress.clock): the lines expected do not depend on how
+fast this machine runs the loop."""
 from __future__ import annotations
 
 import os
-import re
 import subprocess
 import sys
-import time
 
 import pytest
 
 from grlib import progress
 
 
+class FakeClock:
+    """grlib.progress.clock's stand-in: the time only moves when the test says so."""
+
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+    def tick(self, seconds: float) -> None:
+        self.now += seconds
+
+
 @pytest.fixture
-def log_mode(monkeypatch):
+def clock(monkeypatch) -> FakeClock:
+    fake = FakeClock()
+    monkeypatch.setattr(progress, "clock", fake)
+    return fake
+
+
+@pytest.fixture
+def log_mode(monkeypatch, clock):
     monkeypatch.delenv("GRLIB_PROGRESS", raising=False)  # stderr is captured by pytest: not a terminal
     monkeypatch.setenv("GRLIB_PROGRESS_INTERVAL", "0")
     assert progress.mode() == "log"
+    return clock
 
 
 def test_log_lines_at_each_interval_and_at_the_end(log_mode, capsys):
     with progress.bar(4, desc="train", initial=1) as b:
         for _ in range(3):
+            log_mode.tick(2.0)  # one step: 2 s
             b.update(1)
             b.set_postfix(loss="2.500", refresh=False)
     lines = capsys.readouterr().err.splitlines()
-    assert [line.split(" in ")[0] for line in lines] == ["train: 2/4 (50%)", "train: 3/4 (75%)", "train: 4/4 (100%)",
-                                                         "train: 4/4 (100%)"]
-    assert re.fullmatch(r"train: 2/4 \(50%\) in 00:00, .*it/s, 00:0\d left", lines[0]), lines[0]
-    assert lines[1].endswith(", loss=2.500") and lines[-1].endswith(", finished, loss=2.500")
+    assert lines == ["train: 2/4 (50%) in 00:02, 2.00s/it, 00:04 left",
+                     "train: 3/4 (75%) in 00:04, 2.00s/it, 00:02 left, loss=2.500",
+                     "train: 4/4 (100%) in 00:06, 2.00s/it, loss=2.500",
+                     "train: 4/4 (100%) in 00:06, 2.00s/it, finished, loss=2.500"]
 
 
 def test_iterables_and_stopped_work(log_mode, capsys):
@@ -45,18 +67,21 @@ def test_iterables_and_stopped_work(log_mode, capsys):
     assert len(cut) == 2 and cut[-1].startswith("cut: 2/10 (20%)") and cut[-1].endswith("stopped")
 
 
-def test_short_work_is_silent_and_the_interval_is_honoured(monkeypatch, capsys):
+def test_short_work_is_silent_and_the_interval_is_honoured(monkeypatch, clock, capsys):
     monkeypatch.delenv("GRLIB_PROGRESS", raising=False)
-    monkeypatch.setenv("GRLIB_PROGRESS_INTERVAL", "0.2")
+    monkeypatch.setenv("GRLIB_PROGRESS_INTERVAL", "2")
     with progress.bar(100, desc="quick") as b:
+        clock.tick(1.5)  # under the interval, to the end
         b.update(50)
     assert capsys.readouterr().err == ""
     with progress.bar(100, desc="slow") as b:
         for _ in range(10):
-            time.sleep(0.05)
+            clock.tick(0.5)  # a line once 2 s passed since the last: at 2 s and 4 s, then the last at 5 s
             b.update(1)
     lines = capsys.readouterr().err.splitlines()
-    assert 1 <= len(lines) - 1 <= 3 and lines[-1].startswith("slow: 10/100") and "stopped" in lines[-1], lines
+    assert [line.split(", ")[0] for line in lines] == ["slow: 4/100 (4%) in 00:02", "slow: 8/100 (8%) in 00:04",
+                                                        "slow: 10/100 (10%) in 00:05"], lines
+    assert lines[-1].endswith(", stopped") and not any("stopped" in line for line in lines[:-1])
 
 
 def test_silenced_and_forced(monkeypatch, capsys):
