@@ -205,13 +205,54 @@ def curves_chart(curves: pl.DataFrame) -> alt.Chart:
     return alt.hconcat(left, right).properties(title="Learning curves")
 
 
-def quality_chart(summ: pl.DataFrame) -> alt.Chart:
-    base = alt.Chart(summ).encode(y=alt.Y("model:N", sort="-x", title=None), color="model:N")
-    bars = base.mark_bar().encode(x=alt.X("test_ndcg@10:Q", title="test NDCG@10 (mean over seeds)"))
-    err = base.mark_errorbar().encode(x="lo:Q", x2="hi:Q").transform_calculate(
-        lo="datum['test_ndcg@10'] - datum['test_ndcg@10_std']", hi="datum['test_ndcg@10'] + datum['test_ndcg@10_std']")
-    return (bars + err).properties(width=320, height=90).facet(row="dataset:N").properties(
-        title="Full-ranking quality: HSTU vs SASRec vs popularity")
+def quality_chart(summ: pl.DataFrame) -> alt.FacetChart:
+    """Test NDCG@10 per model, one panel per dataset (and scale, where several) on its own axis: bars
+    the mean over seeds, whiskers one seed-std either side, each bar labelled (mean ± std, seeds),
+    and a dashed line at each peer library's figure on that dataset (PEERS), labelled on its model's
+    row. `summ`: `summary` (test_ndcg@10, test_ndcg@10_std) or report.train_summary (ndcg@10,
+    ndcg@10_std, scale)."""
+    mean, std = ("ndcg@10", "ndcg@10_std") if "ndcg@10" in summ.columns else ("test_ndcg@10", "test_ndcg@10_std")
+    facets = [c for c in ("scale", "dataset") if c in summ.columns]
+    peers = {(p.dataset, p.model): p for p in PEERS}
+    rows = []
+    for r in summ.iter_rows(named=True):
+        m, sd = r[mean], r[std] or 0.0
+        p = peers.get((r["dataset"], r["model"]))
+        rows.append({**{c: r[c] for c in facets}, "model": r["model"], "mean": m, "lo": m - sd, "hi": m + sd,
+                     "label": f"{m:.4f} ± {sd:.4f} ({r['seeds']} seed{'s' if r['seeds'] != 1 else ''})",
+                     "pad": (m + sd) * 1.75,  # room on the right for the label, in each panel's own axis
+                     "peer": p.ndcg10 if p else None,
+                     "peer_label": f"{p.library} {p.model}: {p.ndcg10:.4f}" if p else None})
+    data = pl.DataFrame(rows, schema_overrides={"peer": pl.Float64, "peer_label": pl.String})
+    order = data.sort("mean", descending=True)["model"].unique(maintain_order=True).to_list()
+    y = alt.Y("model:N", sort=order, title=None, scale=alt.Scale(paddingInner=0.5, paddingOuter=0.5))
+
+    def x(field: str) -> alt.X:
+        return alt.X(f"{field}:Q", title="test NDCG@10")
+
+    bars = alt.Chart().mark_bar().encode(x=x("mean"), y=y, color=alt.Color("model:N", legend=None))
+    whiskers = alt.Chart().mark_errorbar(ticks=True, color="black").encode(x=x("lo"), x2="hi:Q", y=y)
+    labels = alt.Chart().mark_text(align="left", dx=4, fontSize=10).encode(x=x("hi"), y=y, text="label:N")
+    room = alt.Chart().mark_point(opacity=0).encode(x=x("pad"), y=y)
+    has_peer = alt.datum.peer != None  # noqa: E711  (a vega expression: not null)
+    peer_line = alt.Chart().transform_filter(has_peer).mark_rule(strokeDash=[5, 3], color="black").encode(x=x("peer"))
+    peer_text = (alt.Chart().transform_filter(has_peer)
+                 .mark_text(align="left", baseline="top", dx=3, dy=11, fontSize=10, fontStyle="italic")
+                 .encode(x=x("peer"), y=y, text="peer_label:N"))
+    layered = (alt.layer(bars, whiskers, labels, room, peer_line, peer_text, data=data)
+               .properties(width=330, height=alt.Step(40)))
+    several = "scale" in facets and data["scale"].n_unique() > 1
+    facet = {"column": alt.Column("dataset:N", title=None, header=alt.Header(labelFontSize=12, labelFontWeight="bold"))}
+    if several:
+        facet["row"] = alt.Row("scale:N", title="scale")
+    libraries = sorted({p.library for p in PEERS if p.dataset in set(data["dataset"])})
+    subtitle = ["bars: the mean over seeds; whiskers: ± one seed-std; each panel on its own axis"]
+    if libraries:
+        subtitle.append(f"dashed: {', '.join(libraries)}'s figure of that model on the same data and protocol "
+                        "(train_stage.PEERS)")
+    return (layered.facet(**facet).resolve_scale(x="independent", y="independent")
+            .properties(title=alt.TitleParams("Full-ranking test NDCG@10: HSTU, SASRec, popularity", subtitle=subtitle,
+                                              anchor="start")))
 
 
 def finite(x: float) -> float | None:
