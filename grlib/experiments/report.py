@@ -259,7 +259,7 @@ def _mfu_found(table: pl.DataFrame, r: dict, mfu: Target, preset: tuple | None, 
     # and the MFU against the GEMM peak measured in the same run stands beside it
     nominal = r.get("mfu_nominal")
     value = nominal if nominal is not None else r["mfu"]
-    cpu = r.get("cpu_model") or "CPU not recorded"
+    cpu = r["cpu"] or "CPU not recorded"  # recorded, or read from the nominal peak's description (_with_cpu)
     limit = r.get("gemm_limit")
     how = (f"bench_train run {r['run_id']} ({r['timestamp'][:10]}, {cpu}, grlib._C path {r['isa']}"
            f"{'' if not limit or limit == 'none' else ', GEMMs limited: ' + limit}): "
