@@ -6,6 +6,7 @@
     python -m grlib train --scale smoke --dataset ml-100k --model hstu --json out.json
     python -m grlib data prepare --dataset synthetic --out DIR
     python -m grlib claims [--scale laptop] [--checks]
+    python -m grlib import-rows OUT/device_check.json    (the rows of `make device-check` on a GPU)
 
 A user mistake (a bad scale, parameter, override, data file, checkpoint or output folder, process
 layout, or a notebook cell that raised) prints one line `error: ...` on stderr and exits with
@@ -38,7 +39,7 @@ def build_parser(complete: bool = False) -> argparse.ArgumentParser:
     """The parser of every command; a bench's own arguments are added when it is named (its module
     imported then), or all at once with `complete` (to read the parsers without parsing)."""
     from grlib.bench import add_bench_parser
-    from grlib.cli import claims, data, notebook, train
+    from grlib.cli import claims, data, import_rows, notebook, train
 
     parser = argparse.ArgumentParser(prog="python -m grlib", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -55,6 +56,7 @@ def build_parser(complete: bool = False) -> argparse.ArgumentParser:
     data.add_parser(sub)
     train.add_parser(sub)
     claims.add_parser(sub)
+    import_rows.add_parser(sub)
     return parser
 
 

@@ -27,16 +27,22 @@ import math
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
-import polars as pl
 
+from grlib import schema
 from grlib.io import atomic_write
-from grlib.schema import LOG_COLUMNS, LOG_SCHEMA
+from grlib.schema import LOG_COLUMNS
+
+if TYPE_CHECKING:  # polars is imported where a log is made: the length model (LENGTH_*, user_lengths,
+    # kuairand_lengths) imports without it (grlib.bench.device_check on a GPU machine without polars)
+    import polars as pl
 
 # Lognormal fit to the KuaiRand-27K interactions-per-user quantiles (median, p90, p99).
 LENGTH_MEDIAN, LENGTH_MIN, LENGTH_MAX = 8646, 110, 228_030
 LENGTH_SIGMA = 0.81  # (ln p90 - ln median) / 1.2816 = 0.817, (ln p99 - ln median) / 2.3263 = 0.805
+Z99 = 2.3263478740408408  # standard normal 0.99 quantile
 PUBLISHED_27K = {"users": 27_285, "length_p50": 8646, "length_p90": 24_650, "length_p99": 56_244,
                  "length_min": 110, "length_max": 228_030, "click_rate": 0.379, "long_view_rate": 0.260}
 CLICK_RATE, LONG_VIEW_RATE = 0.379, 0.260
@@ -61,6 +67,22 @@ def user_lengths(n_users: int, length_factor: float, rng: np.random.Generator, m
     """[n_users] events per user: the 27K lognormal fit times length_factor (at least min_len)."""
     raw = rng.lognormal(math.log(LENGTH_MEDIAN), LENGTH_SIGMA, n_users).clip(LENGTH_MIN, LENGTH_MAX)
     return np.maximum(np.round(raw * length_factor), min_len).astype(np.int64)
+
+
+def kuairand_lengths(n: int, max_len: int, regime: str, seed: int = 0) -> np.ndarray:
+    """n per-user lengths from the lognormal fit to KuaiRand-27K's published quantiles.
+
+    regime 'truncated': the real lengths cut at max_len (nearly all full when max_len <= 4096);
+    regime 'scaled': the distribution scaled so that its p99 equals max_len (real raggedness,
+    smaller size), cut at max_len."""
+    rng = np.random.default_rng(seed)
+    raw = rng.lognormal(math.log(LENGTH_MEDIAN), LENGTH_SIGMA, n).clip(LENGTH_MIN, LENGTH_MAX)
+    if regime == "scaled":
+        p99 = LENGTH_MEDIAN * math.exp(LENGTH_SIGMA * Z99)
+        raw = raw * (max_len / p99)
+    elif regime != "truncated":
+        raise ValueError(f"regime must be 'truncated' or 'scaled', got {regime!r}")
+    return np.clip(np.round(raw), 1, max_len).astype(np.int64)
 
 
 @dataclass(frozen=True)
@@ -96,6 +118,8 @@ def _last_true_index(flag: np.ndarray) -> np.ndarray:
 
 def _chunk(cat: Catalogue, lengths: np.ndarray, first_user: int, rng: np.random.Generator) -> pl.DataFrame:
     """The log rows of users first_user .. first_user + len(lengths) - 1, sorted by user then time."""
+    import polars as pl
+
     n, total, C = lengths.size, int(lengths.sum()), cat.n_clusters
     local = np.repeat(np.arange(n), lengths)  # [T] user index inside the chunk
     start = np.concatenate([[0], np.cumsum(lengths)[:-1]])
@@ -165,7 +189,7 @@ def _chunk(cat: Catalogue, lengths: np.ndarray, first_user: int, rng: np.random.
         "is_profile_enter": profile,
         "is_rand": np.zeros(total, dtype=np.int64),
         "tab": rng.choice(TABS, total, p=TAB_WEIGHTS / TAB_WEIGHTS.sum()),
-    }).cast(LOG_SCHEMA)
+    }).cast(schema.LOG_SCHEMA)
 
 
 def iter_log_chunks(n_users: int, length_factor: float, n_items: int, seed: int = 0) -> Iterator[pl.DataFrame]:
@@ -179,6 +203,8 @@ def iter_log_chunks(n_users: int, length_factor: float, n_items: int, seed: int 
 
 def generate_log(n_users: int, length_factor: float, n_items: int, seed: int = 0) -> pl.DataFrame:
     """A 19-column log with `sum(user_lengths)` rows, sorted by user then time."""
+    import polars as pl
+
     return pl.concat(list(iter_log_chunks(n_users, length_factor, n_items, seed)))
 
 

@@ -8,7 +8,16 @@ Modules: `step` (the one training step: data, forward, loss, backward, optimizer
 timeline, model selection), `optim` (AdamW + lazy row-wise Adam for embeddings, warm-up,
 clipping), `checkpoint` (atomic checkpoints, exact resume), `cli` (`python -m grlib train`).
 """
-from grlib.train.loop import TrainResult, train
 from grlib.train.step import PHASES, StepResult, TrainStep
 
 __all__ = ["PHASES", "StepResult", "TrainResult", "TrainStep", "train"]
+
+
+def __getattr__(name: str):
+    """`train` and `TrainResult` load the loop (and with it polars and the data modules) when first
+    named: the step and the optimizers import without them (the device check, grlib.bench.device_check)."""
+    if name in ("TrainResult", "train"):
+        from grlib.train import loop
+
+        return getattr(loop, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
