@@ -8,15 +8,17 @@ import tempfile
 from pathlib import Path
 
 import pytest
-from hypothesis import HealthCheck, settings
+from hypothesis import HealthCheck, is_hypothesis_test, settings
 
 import grlib  # noqa: F401  (first: sets the OpenMP wait policy before torch loads, as `python -m grlib` does)
 
 settings.register_profile("grlib", deadline=None, max_examples=60,
                           suppress_health_check=[HealthCheck.too_slow])
 # the kernel tests rerun on each non-default instruction-set path (tests/test_isa.py): every test,
-# a third of the random cases (the default path runs them all)
-settings.register_profile("paths", parent=settings.get_profile("grlib"), max_examples=20)
+# a third of the random cases (the default path runs them all): 20 for a test that takes the
+# profile's, and a third of its own for a test with @settings(max_examples=...) (paths_share_of_cases)
+PATHS_SHARE = 3
+settings.register_profile("paths", parent=settings.get_profile("grlib"), max_examples=60 // PATHS_SHARE)
 # HYPOTHESIS_PROFILE=thorough: many more random cases, for a property test under suspicion
 settings.register_profile("thorough", parent=settings.get_profile("grlib"), max_examples=2000)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "grlib"))
@@ -52,6 +54,27 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     notebooks are left out of nbmake when the smoke `dvc repro` test runs them (skip_staged_notebooks)."""
     items.sort(key=lambda item: item.get_closest_marker("slow") is None)
     skip_staged_notebooks(items)
+    if os.environ.get("HYPOTHESIS_PROFILE") == "paths":
+        paths_share_of_cases(items)
+
+
+def paths_share_of_cases(items: list[pytest.Item]) -> None:
+    """Under the `paths` profile, a hypothesis test with a case count of its own draws a third of
+    it (at least 1), as the tests taking the profile's count do: hypothesis keeps a test's settings
+    on the test function (read at each run), the profile's own object where it has none."""
+    profile, done = settings.get_profile("paths"), set()
+    for item in items:
+        fn = getattr(getattr(item, "obj", None), "__func__", getattr(item, "obj", None))
+        if not is_hypothesis_test(fn) or id(fn) in done:  # a parametrized test: once
+            continue
+        done.add(id(fn))
+        own = getattr(fn, "_hypothesis_internal_use_settings", None)
+        if own is None:
+            raise RuntimeError(f"{item.nodeid}: hypothesis keeps no settings on the test "
+                               "(tests/conftest.py paths_share_of_cases needs another way to scale it)")
+        if own is not profile:
+            fn._hypothesis_internal_use_settings = settings(own, max_examples=max(1, round(own.max_examples
+                                                                                          / PATHS_SHARE)))
 
 
 def skip_staged_notebooks(items: list[pytest.Item]) -> None:
