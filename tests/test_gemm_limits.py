@@ -36,17 +36,44 @@ def _onednn_isa(env: dict) -> str:
     proc = subprocess.run([sys.executable, "-c", code], env={**env, "ONEDNN_VERBOSE": "1"}, capture_output=True,
                           text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-2000:]
-    return next(line for line in proc.stdout.splitlines() if ",isa:" in line).split(",isa:")[1]
+    named = [line.split(",isa:")[1] for line in proc.stdout.splitlines() if ",isa:" in line]
+    assert named, f"oneDNN printed no ISA line under ONEDNN_VERBOSE=1:\n{proc.stdout[-2000:]}"
+    return named[0]
+
+
+# oneDNN's wording for an ISA changes between versions and CPUs ("Intel AVX-512 with ..." on Zen 4/5,
+# "Intel AVX10.1 and Intel AMX with bfloat16 ..." on a Xeon with AMX tiles, "Intel AVX2", "Intel
+# SSE4.1"): the tests compare the vector width a name stands for, the first token found in it
+VECTOR_BITS = (("avx10", 512), ("avx-512", 512), ("avx512", 512), ("amx", 512), ("avx2", 256), ("avx", 256),
+               ("sse", 128))
+
+
+def vector_bits(name: str) -> int:
+    low = name.lower()
+    for token, bits in VECTOR_BITS:
+        if token in low:
+            return bits
+    raise AssertionError(f"oneDNN ISA {name!r}: none of {[t for t, _ in VECTOR_BITS]} in it; "
+                         "add its width to tests/test_gemm_limits.py VECTOR_BITS")
+
+
+def test_vector_bits_of_onednn_names():
+    assert [vector_bits(n) for n in ("Intel AVX10.1 and Intel AMX with bfloat16 and 8-bit integer support",
+                                     "Intel AVX-512 with AVX512BW, AVX512VL, and AVX512DQ extensions",
+                                     "Intel AVX2", "Intel AVX2 with Intel DL Boost", "Intel AVX",
+                                     "Intel SSE4.1")] == [512, 512, 256, 256, 256, 128]
+    with pytest.raises(AssertionError, match="VECTOR_BITS"):
+        vector_bits("Arm SVE 256")
 
 
 @pytest.mark.skipif("avx2" not in isa.cpu_paths(), reason="needs an x86-64 CPU with AVX2 + FMA")
 def test_grlib_isa_avx2_runs_onednn_as_an_avx2_cpu():
     base = {k: v for k, v in os.environ.items()
             if k not in (*gemm_limits.VARIABLES, gemm_limits.MARK, gemm_limits.ENV)}
-    assert _onednn_isa({**base, "GRLIB_ISA": "avx2"}) == "Intel AVX2"
-    assert _onednn_isa({**base, "GRLIB_ISA": "generic"}) == "Intel SSE4.1"
-    if "avx512f" in isa.cpu_flags():
-        # unlimited, oneDNN picks 512-bit vectors or better: it names them "AVX-512 ..." on Zen 4/5,
-        # "AVX10.1 and Intel AMX ..." on a Xeon with AMX tiles (amx_tile in /proc/cpuinfo)
+    avx2 = _onednn_isa({**base, "GRLIB_ISA": "avx2"})
+    assert vector_bits(avx2) == 256, avx2
+    generic = _onednn_isa({**base, "GRLIB_ISA": "generic"})
+    assert vector_bits(generic) == 128, generic
+    if "avx512f" in isa.cpu_flags():  # unlimited, oneDNN takes 512-bit vectors (or AMX tiles beside them)
         default = _onednn_isa(base)
-        assert any(name in default for name in ("AVX-512", "AVX10", "AMX")), default
+        assert vector_bits(default) == 512, default
