@@ -105,7 +105,7 @@ def veth_pair(rate_mbit: int, shaped: tuple[int, ...] = (0,)) -> Iterator[tuple[
                 subprocess.run(["ip", "netns", "del", name], capture_output=True, timeout=20)
             if not set(created) & _namespaces():
                 break
-            time.sleep(0.5)
+            time.sleep(0.5)  # a pause before the next try at removing them (no duration is asserted)
         left = set(created) & _namespaces()
         if left:
             raise RuntimeError(f"could not remove namespaces {sorted(left)}: remove them with ip netns del")

@@ -55,7 +55,9 @@ def test_hogs_are_stopped_when_the_block_fails(kind):
     with pytest.raises(KeyError):
         with load.cpu_hogs(2, 60, kind) as hogs:
             assert len(_hogs()) == 2
-            time.sleep(0.3)
+            deadline = time.monotonic() + 30  # only ends a wait that would hang: no duration is asserted
+            while hogs.cpu_seconds() == 0 and time.monotonic() < deadline:
+                time.sleep(0.05)  # polling: the hogs burn CPU once the scheduler runs them
             assert hogs.cpu_seconds() > 0
             raise KeyError("boom")
     assert not _hogs()
@@ -63,9 +65,10 @@ def test_hogs_are_stopped_when_the_block_fails(kind):
 
 def test_a_hog_that_ends_early_is_refused():
     with load.cpu_hogs(1, 0.2) as hogs:
+        # its own 0.2 s bound ends it; the deadline only ends a wait that would hang (no duration is asserted)
         deadline = time.monotonic() + 30
-        while hogs.procs[0].poll() is None and time.monotonic() < deadline:  # its own bound ends it
-            time.sleep(0.05)
+        while hogs.procs[0].poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)  # polling for its exit
         with pytest.raises(RuntimeError, match="ended before the loaded measurement"):
             hogs.cpu_seconds()
     assert not _hogs()
@@ -79,6 +82,7 @@ def _gone(pid: int) -> bool:
 
 
 def test_a_hog_ends_with_the_process_that_started_it():
+    # the child sleeps (60 s) only to outlive its kill below; nothing times it
     code = ("import time; from grlib.bench import load\n"
             "with load.cpu_hogs(1, 60) as h:\n    print(h.procs[0].pid, flush=True)\n    time.sleep(60)\n")
     parent = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
@@ -87,9 +91,9 @@ def test_a_hog_ends_with_the_process_that_started_it():
         pid = int(parent.stdout.readline())
         parent.kill()  # no `finally` runs in the parent: the hog has to notice on its own
         parent.wait()
-        deadline = time.monotonic() + 30
+        deadline = time.monotonic() + 30  # only ends a wait that would hang: no duration is asserted
         while not _gone(pid) and time.monotonic() < deadline:
-            time.sleep(0.05)
+            time.sleep(0.05)  # polling for the hog's exit
         assert _gone(pid)
     finally:
         parent.kill()

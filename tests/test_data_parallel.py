@@ -169,18 +169,19 @@ def test_a_rank_killed_mid_training_ends_the_run_with_an_error_naming_it(tmp_pat
            "-o", "train.epochs=1000", "--items", items]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=os.environ.copy())
     try:
-        deadline = time.monotonic() + 120
+        deadline = time.monotonic() + 120  # only ends a wait for the ranks that would hang
         ranks = []
         while time.monotonic() < deadline and len(ranks) < 2:
             ranks = [c for c in psutil.Process(proc.pid).children() if "spawn" in " ".join(c.cmdline())]
-            time.sleep(0.2)
+            time.sleep(0.2)  # polling for the ranks' processes
         assert len(ranks) == 2, "the two ranks did not start"
-        time.sleep(8)  # past start-up: the ranks are training
+        time.sleep(8)  # likely past start-up, the ranks training (either way the command must end naming rank 1)
         assert proc.poll() is None
         victim = sorted(ranks, key=lambda c: c.create_time())[1]  # started second: rank 1
         killed = time.monotonic()
         os.kill(victim.pid, signal.SIGKILL)
         _, err = proc.communicate(timeout=90)
+        # a liveness bound, not a speed: the command ends (a hang fails) well within a minute
         assert time.monotonic() - killed < 60
     finally:
         if proc.poll() is None:

@@ -67,19 +67,19 @@ def _raise_on_one(rt: Runtime) -> int:
 def _raise_on_one_while_zero_sleeps(rt: Runtime) -> int:
     if rt.topology.rank == 1:
         raise ValueError("rank one broke on purpose")
-    time.sleep(600)  # in no collective: only the launcher can end it
+    time.sleep(600)  # in no collective: only the launcher can end it (a stuck rank, not a timing)
     return 0
 
 
 def _sleep(rt: Runtime) -> int:
-    time.sleep(600)
+    time.sleep(600)  # a rank that never returns: the launcher's timeout_s must end it
     return 0
 
 
 def _kill_one(rt: Runtime, stamp: str) -> int:
     rt.barrier()  # both ranks are up; rank 0 then waits in the all_reduce below
     if rt.topology.rank == 1:
-        Path(stamp).write_text(repr(time.time()))
+        Path(stamp).write_text(repr(time.time()))  # when it died: the liveness bound below starts here
         os.kill(os.getpid(), signal.SIGKILL)
     dist.all_reduce(torch.ones(1))
     return 0
@@ -127,7 +127,7 @@ def test_rank_that_raises_is_named():
     start = time.monotonic()
     with pytest.raises(RankFailed) as info:
         launch(_raise_on_one, 2, grace_s=5.0)
-    assert time.monotonic() - start < LIVENESS_S
+    assert time.monotonic() - start < LIVENESS_S  # a liveness bound (a hang fails), not a speed
     assert next(iter(info.value.failed)) == 1
     assert "first rank 1" in str(info.value) and "ValueError: rank one broke on purpose" in str(info.value)
     _assert_no_rank_left()
@@ -137,7 +137,7 @@ def test_rank_stuck_outside_collectives_is_terminated_after_grace():
     start = time.monotonic()
     with pytest.raises(RankFailed) as info:
         launch(_raise_on_one_while_zero_sleeps, 2, grace_s=1.0)
-    assert time.monotonic() - start < LIVENESS_S
+    assert time.monotonic() - start < LIVENESS_S  # a liveness bound (a hang fails), not a speed
     assert list(info.value.failed) == [1] and info.value.running == [0]
     assert "ranks [0] were still running" in str(info.value)
     _assert_no_rank_left()
@@ -154,7 +154,7 @@ def test_killed_rank_is_named_and_nothing_is_left(tmp_path: Path):
     stamp = tmp_path / "killed_at"
     with pytest.raises(RankFailed) as info:
         launch(_kill_one, 2, args=(str(stamp),), grace_s=5.0)
-    elapsed = time.time() - float(stamp.read_text())
+    elapsed = time.time() - float(stamp.read_text())  # for the liveness bound (a hang fails), not a speed
     print(f"kill -> RankFailed: {elapsed:.3f} s")
     assert elapsed < LIVENESS_S
     assert "rank 1 was killed by SIGKILL" in str(info.value)

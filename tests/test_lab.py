@@ -40,7 +40,7 @@ def test_jupyterlab_serves_the_notebooks(tmp_path):
     proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env,
                             start_new_session=True)
     try:
-        deadline = time.time() + 90
+        deadline = time.time() + 90  # only ends a wait for the server that would hang: no duration is asserted
         while True:
             try:
                 status, body = _get(f"http://127.0.0.1:{port}/api/contents/notebooks")
@@ -49,7 +49,7 @@ def test_jupyterlab_serves_the_notebooks(tmp_path):
                 if proc.poll() is not None or time.time() > deadline:
                     out = proc.stdout.read().decode() if proc.poll() is not None else ""
                     pytest.fail(f"JupyterLab did not start on port {port}: {out[-2000:]}")
-                time.sleep(0.5)
+                time.sleep(0.5)  # polling for the server
         assert status == 200
         names = {item["name"] for item in json.loads(body)["content"]}
         expected = {p.name for p in (ROOT / "notebooks").glob("*.ipynb")}

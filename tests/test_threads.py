@@ -73,7 +73,7 @@ a = torch.randn(1024, 1024)
 for _ in range(3):
     a @ a
 cpu = time.process_time()
-time.sleep(1.0)
+time.sleep(1.0)  # the idle window: the CPU seconds burned in it are measured, not its length
 print(time.process_time() - cpu)
 """
 

@@ -31,7 +31,7 @@ def test_killed_run_resumes_with_the_same_next_losses(tmp_path):
            "OMP_NUM_THREADS": "1", "GRLIB_PROGRESS": "0"}
     ckpt = tmp_path / "ckpt"
     victim = _cli(["--checkpoint-dir", str(ckpt), "--checkpoint-every", "1"], env)
-    deadline = time.time() + 240
+    deadline = time.time() + 240  # only ends a wait for the checkpoint that would hang: no duration is asserted
     killed_at = 0
     while time.time() < deadline and victim.poll() is None:
         if (ckpt / "last.pt").exists():
@@ -40,7 +40,7 @@ def test_killed_run_resumes_with_the_same_next_losses(tmp_path):
                 victim.send_signal(signal.SIGKILL)
                 killed_at = step
                 break
-        time.sleep(0.05)
+        time.sleep(0.05)  # polling for the checkpoint
     victim.wait(timeout=60)
     assert victim.returncode == -signal.SIGKILL, victim.stdout.read()
     state = checkpoint.load(ckpt / "last.pt")  # the last complete checkpoint (maybe later than killed_at)
