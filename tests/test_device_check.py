@@ -115,3 +115,16 @@ def test_without_cuda_and_without_the_variable_it_refuses_in_one_line(tmp_path):
     assert proc.returncode == 2 and proc.stdout == ""
     assert proc.stderr.startswith("error: device check: no CUDA device here") and len(proc.stderr.splitlines()) == 1
     assert "DEVICE_CHECK_INTERPRET=1" in proc.stderr and not (tmp_path / "device_check.json").exists()
+
+
+def test_a_part_out_of_time_says_so_and_the_next_part_runs():
+    import time
+
+    from grlib.bench import device_check
+
+    run = device_check.Run(True, device_check.INTERPRETED)
+    run.part("slow", lambda r: time.sleep(10), budget=0.3)
+    run.part("next", lambda r: "ran")
+    assert run.parts["slow"]["status"] == "out of time" and run.parts["slow"]["seconds"] < 5
+    assert "out of time after" in run.parts["slow"]["note"]
+    assert run.parts["next"] == {"status": "ok", "seconds": run.parts["next"]["seconds"], "note": "ran"}
