@@ -1,4 +1,4 @@
-"""The train stage's per-dataset settings (ablations.train.overrides) and the peer library's figures
+"""The train stage's per-dataset settings (params.yaml `datasets`, as ablations.train.overrides) and the peer library's figures
 beside ours (train_stage.PEERS in the summary, claims target W1.peer in the report)."""
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """`python -m grlib ...` (and the `grlib` script): the command-line face of the workbench.
 
     python -m grlib notebook 02_train --scale laptop [-p key value ...]
-    python -m grlib config --scale laptop [-o model.d_model=128 ...]
+    python -m grlib config --scale laptop [--dataset ml-100k] [-o model.d_model=128 ...]
     python -m grlib bench ops --json out.json
     python -m grlib train --scale smoke --dataset ml-100k --model hstu --json out.json
     python -m grlib data prepare --dataset synthetic --out DIR
@@ -29,9 +29,14 @@ from grlib.progress import ProgressSettingError
 
 
 def _config(args: argparse.Namespace) -> int:
-    cfg = config.load_config(args.scale, config.parse_overrides(args.override))
+    cfg = config.load_config(args.scale, config.parse_overrides(args.override), dataset=args.dataset)
     print(json.dumps(cfg.to_dict(), indent=2))
     print(f"params_hash: {cfg.params_hash()}")
+    name = cfg.data.dataset if args.dataset == "scale" else args.dataset
+    settings = config.dataset_settings(name)
+    print(f"dataset {name}: " + (f"its own settings (params.yaml datasets.{name}, under -o): "
+                                 f"{' '.join(f'{k}={v}' for k, v in settings.items())}" if settings
+                                 else "no settings of its own (params.yaml datasets)"))
     return 0
 
 
@@ -48,6 +53,9 @@ def build_parser(complete: bool = False) -> argparse.ArgumentParser:
     notebook.add_parser(sub)
     cf = sub.add_parser("config", help="print the resolved config of a scale")
     cf.add_argument("--scale", default=None, help="named scale from params.yaml (default: params.yaml's scale)")
+    cf.add_argument("--dataset", default="scale", choices=("scale", *config.choices.DATASETS),
+                    help="'scale' (the scale's data.dataset) or a dataset name: its own settings (params.yaml "
+                         "`datasets`) go on top of the scale's, as `train --dataset` takes them")
     cf.add_argument("-o", "--override", action="append", default=[], metavar="KEY=VALUE",
                     help="config override, e.g. -o model.d_model=128 -o train.lr=3e-4 (YAML values)")
     cf.set_defaults(func=_config)

@@ -2,6 +2,7 @@
 
     python -m grlib train --scale smoke --dataset ml-100k --model hstu --json out.json
     python -m grlib train --scale laptop --model sasrec --seed 1 --checkpoint-dir ckpt --checkpoint-every 50
+    python -m grlib train --scale smoke --data D   # a folder `data prepare --out D` made
     python -m grlib train --params-only            # parameters of every scale's HSTU (paper: ~0.2B dense)
     python -m grlib train --scale smoke --world 2 --balance kk     # 2 data-parallel ranks (gloo on CPU)
     torchrun --nnodes N --nproc-per-node L -m grlib train --scale S --balance kk   # N nodes x L devices
@@ -15,6 +16,10 @@ world, nodes and the balancer. On one process the data-parallel flags (--nodes, 
 
 The data comes from the dataset catalogue (grlib.data.catalog): with data.* overrides (e.g.
 -o data.max_len=64) it is prepared once into a folder of its own; the scale's stays as it is.
+A dataset's own settings (params.yaml `datasets`, e.g. ML-100K's full softmax at temperature 0.2,
+d 64) apply on top of the scale's (stderr names them); an -o of the same key wins. --data DIR trains
+on a folder `data prepare` made instead (its dataset and data settings from its stats.json; any
+other folder is refused with one line). A test split under 100 users is said with its count.
 JSON keys: ndcg@10, hr@10, mrr (test), params, tokens_per_s, mfu, plus every val_/test_ metric.
 The row is also appended to table train_runs: under results/adhoc/tables/ unless --record
 (then results/tables/). With --checkpoint-dir a run resumes
@@ -34,6 +39,7 @@ from pathlib import Path
 from grlib.config import ConfigError, DistConfig, choices, parse_overrides
 
 KEYS = ("ndcg@10", "hr@10", "mrr", "params", "tokens_per_s", "mfu")
+FEW_USERS = 100  # a test split under this many users is said with its count
 
 
 def int_at_least(low: int):
@@ -54,7 +60,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("train", help="train and evaluate one model (full ranking); print and save metrics")
     p.add_argument("--scale", default=None, help="named scale from params.yaml (default: params.yaml's scale)")
     p.add_argument("--dataset", default="scale",
-                   help="'scale' (the scale's own data) or a dataset name, e.g. ml-100k, synthetic")
+                   help="'scale' (the scale's own data) or a dataset name, e.g. ml-100k, synthetic; the dataset's "
+                        "own settings in params.yaml `datasets` apply (an -o of the same key wins)")
+    p.add_argument("--data", default=None, metavar="DIR",
+                   help="train on a folder `python -m grlib data prepare --out DIR` made (its dataset and data "
+                        "settings), instead of --dataset")
     p.add_argument("--model", default="hstu", choices=("hstu", "sasrec", "popularity"))
     p.add_argument("--seed", type=int, default=None, help="train.seed (default: the scale's)")
     p.add_argument("--max-steps", type=int, default=None, help="train.max_steps")
@@ -113,14 +123,24 @@ def run_cli(args: argparse.Namespace) -> int:
     env_world = int(os.environ.get("WORLD_SIZE", "1"))
     if env_world == 1 and overrides.get("dist.world", 1) == 1:
         _refuse_moot_dist_settings(given)
-    cfg = load_config(args.scale, overrides)
+    dataset, explicit = args.dataset, dict(overrides)
+    if args.data is not None:
+        dataset, data_settings = _prepared_data(args, overrides)
+        overrides = {**data_settings, **overrides}
+    cfg = load_config(args.scale, overrides, dataset=dataset)
+    _say_dataset_settings(cfg, dataset, explicit)
     if env_world > 1 or cfg.dist.world > 1:
+        if args.data is not None:
+            raise ConfigError("--data: data-parallel ranks read a catalogue dataset; train a prepared folder on one "
+                              "process (leave --world out)")
         got = _run_ranks(args, cfg, env_world)
         if got is None:  # a rank other than 0 under torchrun: rank 0 reports
             return 0
         name, row, losses = got["dataset"], got["row"], got["losses"]
     else:
-        ds = load_dataset(cfg, args.dataset)
+        from grlib.data.catalog import load_prepared
+
+        ds = load_prepared(cfg, Path(args.data)) if args.data is not None else load_dataset(cfg, args.dataset)
         peak = model_peak(cfg)  # measured in this run, before training, in the model's precision
         fit = fit_and_evaluate(cfg, ds, peak, checkpoint_dir=args.checkpoint_dir,
                                checkpoint_every=args.checkpoint_every)
@@ -132,6 +152,10 @@ def run_cli(args: argparse.Namespace) -> int:
         out.update(mfu=None)
     out.update({k: out[f"test_{k}"] for k in ("ndcg@10", "hr@10", "mrr")})
     print("  ".join(f"{k}={_fmt(out[k])}" for k in ("dataset", "model", "seed", "steps", *KEYS)))
+    users = out.get("test_users")
+    if users is not None and users < FEW_USERS:
+        print(f"evaluated {users} test user{'s' if users != 1 else ''} (under {FEW_USERS}): these metrics are one "
+              f"small sample's, far from a dataset's figure")
     with results.adhoc(not args.record) as sink:
         results.append_rows("train_runs", [{k: v for k, v in out.items() if k not in ("scale",)}], cfg)
     print(sink.note())
@@ -140,6 +164,37 @@ def run_cli(args: argparse.Namespace) -> int:
     if args.losses and args.model != "popularity":
         atomic_write_bytes(Path(args.losses), (json.dumps(losses) + "\n").encode())
     return 0
+
+
+def _prepared_data(args: argparse.Namespace, overrides: dict) -> tuple[str, dict]:
+    """--data DIR: (its dataset, its data settings as data.* overrides); DataError for a folder
+    `data prepare` did not make; --dataset or a data.* override beside it are refused (the folder fixes them)."""
+    from grlib.data.catalog import PREPARED_DATA_FIELDS, prepared_stats
+
+    if args.dataset != "scale":
+        raise ConfigError(f"--data {args.data} and --dataset {args.dataset}: the folder names its dataset; give one of them")
+    data_keys = [k for k in overrides if k.startswith("data.") or k == "data"]
+    if data_keys:
+        raise ConfigError(f"--data {args.data}: -o {data_keys[0]} would not change the prepared folder; prepare "
+                          f"another with `python -m grlib data prepare` and those settings")
+    stats = prepared_stats(Path(args.data))
+    return stats["dataset"], {f"data.{k}": stats[k] for k in PREPARED_DATA_FIELDS}
+
+
+def _say_dataset_settings(cfg, dataset: str, explicit: dict) -> None:
+    """One stderr line naming the dataset's own settings (params.yaml `datasets`) this run takes."""
+    import sys
+
+    from grlib.config import dataset_settings
+
+    name = cfg.data.dataset if dataset == "scale" else dataset
+    settings = dataset_settings(name)
+    if not settings:
+        return
+    kept = [f"{k}={v}" for k, v in settings.items() if k not in explicit]
+    won = [k for k in settings if k in explicit]
+    print(f"dataset {name}: its own settings from params.yaml datasets.{name}: {' '.join(kept) or '(none left)'}"
+          + (f" (-o wins for {', '.join(won)})" if won else ""), file=sys.stderr, flush=True)
 
 
 def _run_ranks(args: argparse.Namespace, cfg, env_world: int) -> dict | None:

@@ -1,7 +1,8 @@
 """Typed configuration: one dataclass per section, loaded from a named scale in params.yaml.
 
 params.yaml holds `scale` (the default scale of `dvc repro` and of every command), `scales`
-(smoke, laptop, server, paper: each a dict of sections) and `ablations` (the grids each
+(smoke, laptop, server, paper: each a dict of sections), `datasets` (a dataset's own settings,
+applied where it is chosen: load_config(..., dataset=NAME)) and `ablations` (the grids each
 experiment sweeps). A notebook loads a scale and overrides single fields from its parameters cell:
 
     cfg = load_config("smoke", {"model.n_layers": 2, "train": {"lr": 3e-4}})
@@ -28,7 +29,8 @@ from grlib.config.ablations import (ABLATIONS, BalanceAblation, KernelsAblation,
                                     SemiAsyncAblation, SparseAblation, TrainAblation, load_ablation)
 from grlib.config.arguments import add_config_arguments, config_from_args
 from grlib.config.fields import ConfigError
-from grlib.config.loader import as_mapping, default_scale, load_config, parse_overrides, read_params, scale_names
+from grlib.config.loader import (as_mapping, dataset_section, dataset_settings, default_scale, load_config,
+                                 parse_overrides, read_params, scale_names)
 from grlib.config.sections import (SECTIONS, Config, DataConfig, DistConfig, KernelsConfig, ModelConfig, NegativesConfig,
                                    TrainConfig)
 
@@ -36,5 +38,6 @@ __all__ = [
     "ABLATIONS", "SECTIONS", "BalanceAblation", "Config", "ConfigError", "DataConfig", "DistConfig", "KernelsAblation",
     "KernelsConfig", "ModelConfig", "NegativesAblation", "NegativesConfig", "ScalingAblation", "SemiAsyncAblation", "SparseAblation",
     "TrainAblation", "TrainConfig", "add_config_arguments", "as_mapping", "choices", "config_from_args",
+    "dataset_section", "dataset_settings",
     "default_scale", "load_ablation", "load_config", "parse_overrides", "read_params", "scale_names",
 ]

@@ -10,9 +10,8 @@ from typing import Any
 
 from grlib.config import choices
 from grlib.config.fields import (CHECKED_BY_SECTION, FLAG, ConfigError, above, apply, at_least, check, check_fields,
-                                  choice, each, nest, param, seed)
-from grlib.config.loader import as_mapping, read_params
-from grlib.config.sections import Config, with_sections
+                                  choice, each, param, seed)
+from grlib.config.loader import as_mapping, check_dataset_overrides, dataset_section, read_params
 
 
 SEEDS = each(seed())
@@ -30,8 +29,10 @@ class TrainAblation:
     # per dataset (same order): a step cap below the scale's train.max_steps, 0 = none; empty = no caps
     max_steps: list[int] = param(rule=each(at_least(0), 0), factory=list)
     # config overrides of a dataset (named as in `datasets`) on top of the scale's, e.g.
-    # {"ml-100k": {"negatives.temperature": 0.2}}; a dataset without an entry trains with the scale's
-    # settings. Checked like load_config's overrides (unknown keys and bad values are errors)
+    # {"ml-100k": {"negatives.temperature": 0.2}}: load_ablation fills them from params.yaml's `datasets`
+    # section (a dataset's own settings, one place for train, notebooks and stages); a dataset without an
+    # entry trains with the scale's settings. Checked like load_config's overrides (unknown keys and bad
+    # values are errors)
     overrides: dict[str, Any] = param(rule=CHECKED_BY_SECTION, factory=dict)
     # model.precision of HSTU's runs: fp32 (the `train` table) and any other (bf16: the same datasets, seeds
     # and budgets again, to table `train_precision`, compared with fp32 by train_stage.precision_summary)
@@ -51,18 +52,6 @@ class TrainAblation:
     def dataset_overrides(self, dataset: str) -> dict[str, Any]:
         """The config overrides of `dataset` (as named in `datasets`; empty when it has none)."""
         return dict(self.overrides.get(dataset) or {})
-
-
-def check_dataset_overrides(overrides: dict[str, Any], name: str) -> None:
-    """Per-dataset config overrides ({dataset: {key: value}}): known datasets, known keys, valid values."""
-    for ds, o in overrides.items():
-        check(ds == "scale" or ds in choices.DATASETS, name,
-              f"{ds!r} is not a dataset: one of {('scale', *choices.DATASETS)}")
-        check(isinstance(o, dict), f"{name}.{ds}", f"expected a mapping such as {{negatives.temperature: 0.2}}, got {o!r}")
-        try:
-            with_sections(Config("check"), nest(o))
-        except ConfigError as err:
-            raise ConfigError(f"{name}.{ds}: {err}") from None
 
 
 @dataclass(frozen=True)
@@ -206,8 +195,8 @@ class SemiAsyncAblation:
     worst_lr: float = param(0.01, above(0))
     worst_staleness: list[int] = param(rule=each(at_least(0)), factory=lambda: [0, 4, 16])
     worst_steps: int = param(40, at_least(1))
-    # per dataset, config overrides on top of the scale's (as ablations.train.overrides: params.yaml
-    # gives ML-100K the train stage's settings), so each dataset trains as in the train stage
+    # per dataset, config overrides on top of the scale's: as TrainAblation.overrides, params.yaml's
+    # `datasets` section (filled by load_ablation), so each dataset trains as in the train stage
     overrides: dict[str, Any] = param(rule=CHECKED_BY_SECTION, factory=dict)
 
     def __post_init__(self) -> None:
@@ -276,6 +265,9 @@ class ScalingAblation:
               f"needs >= 2 distinct sizes (alpha and beta are fitted), got {self.gloo_sizes}")
 
 
+# the grids whose `overrides` are a dataset's own settings: params.yaml's `datasets` section
+DATASET_SETTINGS = ("train", "semi_async")
+
 ABLATIONS: dict[str, type] = {"train": TrainAblation, "kernels": KernelsAblation, "negatives": NegativesAblation,
                               "balance": BalanceAblation, "sparse": SparseAblation, "semi_async": SemiAsyncAblation,
                               "scaling": ScalingAblation}
@@ -288,6 +280,12 @@ def load_ablation(name: str, overrides: dict[str, Any] | str | None = None,
     overrides = as_mapping(overrides, "ablation_overrides", '{"seeds": [0]}')
     if name not in ABLATIONS:
         raise ConfigError(f"unknown ablation {name!r}; valid ablations: {', '.join(ABLATIONS)}")
-    values = dict((params or read_params()).get("ablations", {}).get(name) or {})
+    params = params or read_params()
+    values = dict(params.get("ablations", {}).get(name) or {})
+    if name in DATASET_SETTINGS:
+        if "overrides" in values:
+            raise ConfigError(f"ablations.{name}.overrides: a dataset's settings live in params.yaml's `datasets` "
+                              f"section (one place for train, the notebooks and the stages); move them there")
+        values["overrides"] = dataset_section(params)
     values.update(overrides)
     return apply(ABLATIONS[name](), values, f"ablations.{name}.")

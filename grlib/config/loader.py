@@ -2,7 +2,14 @@
 
     cfg = load_config("smoke", {"model.n_layers": 2, "train": {"lr": 3e-4}})
     cfg = load_config("smoke", '{"model.n_layers": 2}')   # the same mapping as YAML / JSON text
+    cfg = load_config("laptop", {}, dataset="ml-100k")    # with ML-100K's own settings (params.yaml `datasets`)
     parse_overrides(["model.d_model=128"])                # the command line's -o KEY=VALUE
+
+A dataset's tuned settings (params.yaml's `datasets` section, e.g. ML-100K's full softmax at
+temperature 0.2) are part of the dataset: load_config(..., dataset=NAME) puts them on top of the
+scale's and under the overrides (an explicit -o wins). `train --dataset`, `config --dataset` and the
+stages that train on a named dataset (ablations train and semi_async: load_ablation fills their
+`overrides` from the same section) read them from there.
 
 Overrides may be YAML / JSON text (papermill's `-p overrides '{...}'` passes a string); text that
 is not a mapping raises ConfigError naming the parameter. An unknown scale raises ConfigError
@@ -16,7 +23,8 @@ from typing import Any
 import yaml
 
 from grlib import paths
-from grlib.config.fields import ConfigError
+from grlib.config import choices
+from grlib.config.fields import ConfigError, check, nest
 from grlib.config.sections import Config, with_sections
 
 
@@ -75,10 +83,38 @@ def parse_overrides(items: list[str], option: str = "-o") -> dict[str, Any]:
     return out
 
 
+def check_dataset_overrides(overrides: dict[str, Any], name: str) -> None:
+    """Per-dataset config overrides ({dataset: {key: value}}): known datasets, known keys, valid values."""
+    check(isinstance(overrides, dict), name, f"expected a mapping such as {{ml-100k: {{negatives.temperature: 0.2}}}}, "
+                                             f"got {overrides!r}")
+    for ds, o in overrides.items():
+        check(ds == "scale" or ds in choices.DATASETS, name,
+              f"{ds!r} is not a dataset: one of {('scale', *choices.DATASETS)}")
+        check(isinstance(o, dict), f"{name}.{ds}", f"expected a mapping such as {{negatives.temperature: 0.2}}, got {o!r}")
+        try:
+            with_sections(Config("check"), nest(o))
+        except ConfigError as err:
+            raise ConfigError(f"{name}.{ds}: {err}") from None
+
+
+def dataset_section(params: dict[str, Any] | None = None) -> dict[str, dict[str, Any]]:
+    """params.yaml's `datasets` section, checked: {dataset: {config key: value}} (empty when absent)."""
+    section = (params or read_params()).get("datasets") or {}
+    check_dataset_overrides(section, "datasets")
+    return {name: dict(values or {}) for name, values in section.items()}
+
+
+def dataset_settings(dataset: str, params: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The tuned settings of `dataset` (params.yaml `datasets.<dataset>`; empty when it has none)."""
+    return dict(dataset_section(params).get(dataset) or {})
+
+
 def load_config(scale: str | None = None, overrides: dict[str, Any] | str | None = None,
-                params: dict[str, Any] | None = None) -> Config:
+                params: dict[str, Any] | None = None, dataset: str | None = None) -> Config:
     """The Config of a named scale from params.yaml (default: its `scale`) with `overrides`
-    (a mapping, or YAML / JSON text of one) applied on top."""
+    (a mapping, or YAML / JSON text of one) applied on top. With `dataset` (a dataset name, or
+    "scale": the data.dataset the scale and overrides give), that dataset's settings (params.yaml
+    `datasets`) go between the scale's and the overrides; None: none."""
     overrides = as_mapping(overrides, "overrides")
     params = params or read_params()
     scale = scale or default_scale(params)
@@ -86,4 +122,7 @@ def load_config(scale: str | None = None, overrides: dict[str, Any] | str | None
     if scale not in scales:
         raise ConfigError(f"unknown scale {scale!r}; valid scales: {', '.join(scales)}")
     cfg = with_sections(Config(scale=scale), scales[scale] or {})
+    if dataset is not None:
+        name = cfg.replace(overrides).data.dataset if dataset == "scale" else dataset
+        cfg = cfg.replace(dataset_settings(name, params))
     return cfg.replace(overrides)

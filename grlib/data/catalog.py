@@ -3,6 +3,8 @@ evaluation protocol.
 
     ds = load_dataset(cfg, "ml-100k")   # Dataset: name, data (SequenceData), folder, mask_history, ...
     folder = ensure_prepared(cfg)       # the scale's own data, prepared when absent or out of date
+    stats = prepared_stats(Path("D"))   # a folder `data prepare --out D` made (anything else: DataError)
+    ds = load_prepared(cfg, Path("D"))  # its sequences (`train --data D`)
 
 A dataset name is "scale" (cfg.data.dataset) or any dataset of DataConfig; the other data settings
 (max_len, target, ...) are cfg.data's. Folders, under data/processed/ (or GRLIB_DATA_DIR):
@@ -44,7 +46,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from grlib import paths
+from grlib import io, paths
 from grlib.config import Config, DataConfig, load_config, scale_names
 from grlib.data import download, preprocess, registry
 from grlib.data.movielens import read_ml100k
@@ -128,6 +130,39 @@ def load_dataset(cfg: Config, name: str = "scale", share: bool = False) -> Datas
     data = MappedSequences(ensure_arrays(out), global_batches=True) if share else SequenceData.load(out)
     rep = split_repeat_fraction(data, cfg.data.max_len)
     return Dataset(dataset_config(cfg, name).dataset, data, out, mask_history=rep == 0.0, repeat_fraction=rep)
+
+
+# the data settings a prepared folder's stats.json records (prepare_logs), which a run on it takes
+PREPARED_DATA_FIELDS = ("dataset", "max_len", "min_item_count", "target", "context")
+
+
+def prepared_stats(out: Path) -> dict:
+    """The stats.json of a folder that `data prepare` (prepare_to) made, with its dataset and data
+    settings; any other folder raises DataError, one line naming it and what it lacks."""
+    out = Path(out)
+    how = "prepare one with `python -m grlib data prepare --dataset NAME --out DIR`"
+    if not out.is_dir():
+        raise DataError(f"{out}: folder not found; {how}")
+    missing = [f for f in (io.MARKER, "sequences.parquet", "vocab.parquet", "stats.json") if not (out / f).is_file()]
+    if missing or not io.is_grlib_output(out):
+        raise DataError(f"{out}: not a folder `data prepare` made (no {', '.join(missing or [io.MARKER])}); {how}")
+    try:
+        stats = json.loads((out / "stats.json").read_text())
+    except json.JSONDecodeError as err:
+        raise DataError(f"{out / 'stats.json'}: not valid JSON ({err.msg} at line {err.lineno}); {how}") from None
+    lacks = [k for k in (*PREPARED_DATA_FIELDS, "data_key") if not isinstance(stats, dict) or k not in stats]
+    if lacks:
+        raise DataError(f"{out / 'stats.json'}: not written by `data prepare` (no {', '.join(lacks)}); {how}")
+    return stats
+
+
+def load_prepared(cfg: Config, out: Path) -> Dataset:
+    """The sequences of a folder `data prepare` made (prepared_stats checks it), with their evaluation
+    protocol; cfg.data should carry the folder's settings (PREPARED_DATA_FIELDS of its stats)."""
+    stats = prepared_stats(out)
+    data = SequenceData.load(Path(out))
+    rep = split_repeat_fraction(data, cfg.data.max_len)
+    return Dataset(stats["dataset"], data, Path(out), mask_history=rep == 0.0, repeat_fraction=rep)
 
 
 def raw_sources(cfg: DataConfig, work: Path, raw_dir: Path | None = None,
