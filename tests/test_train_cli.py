@@ -2,7 +2,9 @@
 from __future__ import annotations
 
 import json
+import re
 
+import polars as pl
 import pytest
 
 from grlib import perf
@@ -59,6 +61,9 @@ def test_bench_train_smoke(isolated_outputs, capsys):
         assert r["mfu_gemm_bound"] > 0  # (not above mfu always: the projection rate is timed once, on a shared machine)
         assert r["other_ms"] == pytest.approx(r["step_ms"] - r["gemm_bound_ms"])
         assert (r["precision"], r["peak_dtype"], r["nominal_peak_dtype"]) == ("fp32", "float32", "float32")
+        # the CPU, and its bf16 units whatever the path: the report's key for C7 (bf16 judges where they exist)
+        assert re.fullmatch(r"\S+ family 0x[0-9a-f]+ model 0x[0-9a-f]+", r["cpu_id"]), r["cpu_id"]
+        assert r["cpu_bf16_units"] == "none" or set(r["cpu_bf16_units"].split()) <= set(isa.BF16_FLAGS)
 
 
 def test_bench_train_runs_each_isa_path_in_one_run(isolated_outputs, capsys):
@@ -115,14 +120,22 @@ def test_bench_train_recompute_per_row(isolated_outputs, capsys):
 @pytest.mark.skipif(isa.bf16_missing() is not None,
                     reason="no bf16 GEMMs on this CPU (or GRLIB_ISA below avx512): tests/test_isa.py checks the refusal")
 def test_bench_train_bf16_divides_by_the_bf16_peaks(isolated_outputs, capsys):
+    """A recorded bf16 row carries what the report keys C7 by (precision, both peaks' dtype, path,
+    CPU and its bf16 units), and the report judges C7 with it: its verdict, not context."""
+    from grlib.experiments import report
+
     out = isolated_outputs / "bench.json"
     assert main(["bench", "train", "--scale", "smoke", "--steps", "2", "--warmup", "1", "--impls", "cpu",
-                 "--no-compile", "--top", "0", "--precision", "bf16", "--json", str(out)]) == 0
+                 "--no-compile", "--top", "0", "--precision", "bf16", "--record", "--json", str(out)]) == 0
     (row,) = json.loads(out.read_text())
     assert (row["precision"], row["peak_dtype"], row["nominal_peak_dtype"]) == ("bf16", "bfloat16", "bfloat16")
     assert "HSTU 1x1 d=64 (bf16; loss fp32)" in capsys.readouterr().out
     assert row["mfu_nominal"] == pytest.approx(row["mfu"] * row["peak_flops"] / row["nominal_peak_flops"])
     assert row["nominal_peak_flops"] > 0 and row["mfu"] > 0
+    assert set(row["cpu_bf16_units"].split()) & set(isa.BF16_FLAGS)  # bf16 ran: the CPU has bf16 units
+    (c7,) = report.claims("smoke").filter(pl.col("target") == "C7.mfu").iter_rows(named=True)
+    assert c7["check"].startswith("bf16 · HSTU 1x1 d=64") and c7["ours"].endswith("(bf16)")
+    assert c7["verdict"] in ("met", "not met") and "of the nominal bf16 peak" in c7["obtained"]
 
 
 def test_params_only_reports_the_paper_preset(capsys):

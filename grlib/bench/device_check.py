@@ -30,7 +30,7 @@ stays under 8 minutes on an H100):
                  KuaiRand-27K-like lengths cut at 4096, the largest batch of BATCHES that fits;
                  each step is grlib.train.step.TrainStep (forward, loss, backward, optimizer) as
                  `bench train` times it, here with CUDA events; MFU = grlib.perf's FLOPs per second
-                 against the GPU's nominal bf16 peak (grlib.hardware.VENDOR_PEAKS, named in the
+                 against the GPU's nominal bf16 peak (grlib.hardware.nominal.VENDOR_PEAKS, named in the
                  row) and against the bf16 GEMM peak measured in this run; the padded reference
                  attention (layers recomputed) is the baseline row of the same run; rows as
                  bench_train's
@@ -121,8 +121,8 @@ INTERPRETED = Sizes(
     budgets={"correctness": 60, "gemm_peak": 5, "kernels": 40, "train": 50})
 
 
-class PartTimeout(Exception):
-    pass
+class PartTimeout(BaseException):
+    """A part's time is up (a BaseException: no `except Exception` inside a part swallows it)."""
 
 
 @contextmanager
@@ -325,7 +325,8 @@ def attention_run(x: dict, impl: str, dtype, tf32: bool = False) -> list:
 
     table = torch.float64 if dtype == torch.float64 else torch.float32
     leaves = {n: x[n].detach().to(dtype).requires_grad_(True) for n in ("q", "k", "v")}
-    leaves.update({n: x[n].detach().to(table).requires_grad_(True) for n in ("pos_bias", "time_bias") if x[n] is not None})
+    leaves.update({n: x[n].detach().to(table).requires_grad_(True)
+                   for n in ("pos_bias", "time_bias") if x[n] is not None})
     before = torch.backends.cuda.matmul.allow_tf32
     torch.backends.cuda.matmul.allow_tf32 = tf32
     try:
@@ -417,7 +418,8 @@ def gemm_peak(run: Run) -> str:
         best[n] = 2 * n**3 / (statistics.median(times) / 1e3)
         print(f"  {n} x {n} x {n}: {best[n] / 1e12:.1f} TFLOP/s (median of 5)", flush=True)
     run.gemm.append(max(best.values()))
-    return f"bf16 GEMM peak {max(best.values()) / 1e12:.1f} TFLOP/s" + (" (fp32 on CPU)" if device.type == "cpu" else "")
+    where = " (fp32 on CPU)" if device.type == "cpu" else ""
+    return f"bf16 GEMM peak {max(best.values()) / 1e12:.1f} TFLOP/s{where}"
 
 
 # ---- kernels -------------------------------------------------------------------------------------
@@ -439,7 +441,10 @@ def kernel_inputs(B: int, max_len: int, regime: str, H: int, D: int, dtype, devi
     offsets = torch.cat([torch.zeros(1, dtype=torch.int64), lengths.cumsum(0)])
     T = int(offsets[-1])
     g = torch.Generator().manual_seed(seed)
-    leaf = lambda *s, scale=1.0: (torch.randn(*s, generator=g) * scale).to(device, dtype).requires_grad_(True)  # noqa: E731
+
+    def leaf(*s, scale=1.0):
+        return (torch.randn(*s, generator=g) * scale).to(device, dtype).requires_grad_(True)
+
     gaps = torch.distributions.LogNormal(math.log(600.0), 2.0).sample((T,)).round().to(torch.int64)
     return dict(q=leaf(T, H, D), k=leaf(T, H, D), v=leaf(T, H, D), offsets=offsets.to(device), max_len=max_len,
                 pos_bias=(torch.randn(H, 128, generator=g) * 0.1).to(device).requires_grad_(True),
@@ -542,7 +547,8 @@ def kernels(run: Run) -> str:
                                "nominal_peak_gflops": nominal[dname][0] / 1e9, "nominal_peak_how": nominal[dname][1],
                                "frac_of_nominal": 3.5 * flops_fwd / (t["fwd_bwd_ms"] / 1e3) / nominal[dname][0]}
                         group.append(row)
-                        print(f"  {dname:8s} {regime:9s} max_len {max_len:5d} B {B:3d} {impl:11s} fwd {t['fwd_ms']:9.3f} ms  "
+                        print(f"  {dname:8s} {regime:9s} max_len {max_len:5d} B {B:3d} {impl:11s} "
+                              f"fwd {t['fwd_ms']:9.3f} ms  "
                               f"fwd+bwd {t['fwd_bwd_ms']:9.3f} ms  peak {t['peak_mem_mb']:9.1f} MiB", flush=True)
                     ref = next((r for r in group if r["impl"] == "reference"), None)
                     for r in group:
@@ -675,7 +681,8 @@ def train(run: Run) -> str:
                 fitted, done = fitted or batch, True
                 rows.append(_train_row(run, impl, batch, recompute, t))
                 r = rows[-1]
-                print(f"  {impl:9s} batch {batch:2d}{' (layers recomputed)' if recompute else ''}: step {r['step_ms']:.1f} ms "
+                print(f"  {impl:9s} batch {batch:2d}{' (layers recomputed)' if recompute else ''}: "
+                      f"step {r['step_ms']:.1f} ms "
                       f"(median of {sizes.steps}), {r['tokens_per_step']} tokens, peak memory {t['peak_gb']:.1f} GiB, "
                       f"losses {', '.join(f'{v:.3f}' for v in t['losses'])}", flush=True)
                 _free_memory()
@@ -734,7 +741,8 @@ def _train_row(run: Run, impl: str, batch: int, recompute: bool, t: dict) -> dic
             "precision_note": run.no_bf16,
             "mfu_nominal": flops / step_s / nominal if nominal == nominal else math.nan,
             "recompute_layers": recompute, "peak_gpu_mem_gb": t["peak_gb"], "threads": torch.get_num_threads(),
-            "timing": "CUDA events" if device.type == "cuda" else "wall clock", "first_loss": t["losses"][0], "final_loss": t["losses"][-1],
+            "timing": "CUDA events" if device.type == "cuda" else "wall clock", "first_loss": t["losses"][0],
+            "final_loss": t["losses"][-1],
             "load_1m": os.getloadavg()[0], "step_s_all": [v / 1e3 for v in t["times"]]}
 
 

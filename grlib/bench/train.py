@@ -30,7 +30,11 @@ results/tables/bench_train.parquet.
 `--precision bf16` runs the same table with model.precision = bf16 (HSTU's projections on bf16
 copies of the fp32 weights: grlib.model.hstu) and divides by the bf16 peaks, measured (bf16 GEMMs,
 oneDNN's AVX512-BF16 code on CPUs that have it) and nominal (grlib.hardware.nominal: the bf16 FLOP
-per cycle of the CPU's units); the loss keeps negatives.precision. Every row records `precision`.
+per cycle of the CPU's units); the loss keeps negatives.precision. Every row records `precision`,
+the dtypes of both peaks (`peak_dtype`, `nominal_peak_dtype`), grlib._C's path (`isa`) and the CPU:
+`cpu_model`, `cpu_id` (vendor, family, model: a VM may name two generations "AMD EPYC") and
+`cpu_bf16_units` (its bf16 flags, amx_bf16 / avx512_bf16, whatever the path; "none"): the report
+judges C7's MFU with a CPU's bf16 rows where it has bf16 units (grlib.experiments.report).
 """
 from __future__ import annotations
 
@@ -107,6 +111,7 @@ def run(args: argparse.Namespace) -> list[dict]:
             if cfg.model.precision == "bf16":
                 hardware.isa.require_bf16(f"--isa {path} with model.precision=bf16" if args.isa else "model.precision=bf16")
             nominals[path] = hardware.nominal_peak(str(dtype).removeprefix("torch."), threads=torch.get_num_threads())
+    cpu_columns = steps.cpu_columns()
     data, batches = steps.batches(cfg, max(args.warmup, 3) + args.steps)
     T = int(np.mean([b.item_ids.numel() for b in batches]))
     projection_before = steps.projection_rate(T, cfg.model.d_model, dtype)
@@ -137,6 +142,7 @@ def run(args: argparse.Namespace) -> list[dict]:
             "attention_impl": impl, "compiled": compiled, "auto": impl == auto and not compiled,
             "precision": cfg.model.precision,
             "isa": path, "cpu_model": hardware.isa.cpu_model(),  # grlib._C's path, the CPU
+            **cpu_columns,  # which CPU (a VM may name Zen 4 and Zen 5 alike) and its bf16 units: the report's C7 key
             "gemm_limit": gemm_limits.describe(),  # the GEMM libraries' limits: this process's, whatever the path
             "gemm_auto": gemm_choice.record()["library"], "gemm_auto_how": gemm_choice.describe(),  # fp32 projections
             "d_model": cfg.model.d_model, "n_layers": cfg.model.n_layers,

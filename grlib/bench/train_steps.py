@@ -13,13 +13,22 @@ import numpy as np
 import torch
 from torch import nn
 
-from grlib import ops, perf
+from grlib import hardware, ops, perf
 from grlib.bench.data import peak_rss_mb  # VmHWM of /proc/self/status
 from grlib.data.catalog import load_dataset
 from grlib.fit import assemble
 from grlib.model import build_model
 from grlib.ops import registry
 from grlib.train.step import PHASES
+
+
+def cpu_columns() -> dict[str, str]:
+    """The CPU of a row: `cpu_id` ("GenuineIntel family 0x6 model 0x8f", /proc/cpuinfo) and
+    `cpu_bf16_units`, the CPU's bf16 flags (grlib.hardware.isa.BF16_FLAGS, whatever GRLIB_ISA
+    forces: what the CPU could run in bf16) or "none"."""
+    info, flags = hardware.cpu_info(), hardware.isa.cpu_flags()
+    return {"cpu_id": f"{info.vendor} family {info.family:#x} model {info.model:#x}",
+            "cpu_bf16_units": " ".join(f for f in hardware.isa.BF16_FLAGS if f in flags) or "none"}
 
 
 def batches(cfg, n: int):
