@@ -230,6 +230,7 @@ def test_report_shows_every_claim_at_every_scale(isolated_outputs):
     for t in claims.TARGETS.values():  # every claim in the scale's summary, with its paper figure
         assert f"| {t.claim} {claims.CLAIMS[t.claim].title} |" in text and f"| {t.paper_text} |" in text
     assert text.count("| not measured yet |") >= len(NOT_YET) + 2  # + C7 scaling, C7 MFU (no smoke rows)
+    assert report.MFU_NOTE in text  # how C7's MFU verdict reads the precisions
 
 
 # ---------------------------------------------------------------------------------------------

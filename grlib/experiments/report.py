@@ -172,6 +172,10 @@ def _mfu(scale: str) -> list[Found]:
 BF16_CONTEXT = "fp32: context"  # verdicts of the rows that do not judge
 UNITS_UNKNOWN = "fp32: bf16 units not recorded"
 NOT_IN_BF16 = "not measured in bf16"
+MFU_NOTE = ("C7.mfu: every MFU figure names its precision. The paper's 54.71% is a half-precision figure, so on a "
+            "CPU with bf16 units (amx_bf16, avx512_bf16) its bf16 rows judge, against the bf16 nominal peak with "
+            f"the bf16 GEMM peak measured in the run beside it, and its fp32 rows read \"{BF16_CONTEXT}\"; such a "
+            f"CPU without a bf16 row reads \"{NOT_IN_BF16}\"; only a CPU without bf16 units is judged in fp32.")
 _HOW_CPU = r"CPU '([^']*)' family"  # nominal_peak_how names the CPU (rows since the nominal peak, 2026-12-01)
 _FAMILY = r"(family 0x[0-9a-f]+ model 0x[0-9a-f]+)"  # in cpu_id and in nominal_peak_how
 
@@ -471,7 +475,7 @@ def run(scale: str) -> dict:
     checks = claims(scale)
     figures = plots.save_chart(quality_chart(summary), "train_quality", scale) if summary.height else []
     text = (f"# Summary ({scale})\n\n## Claims: the paper's figures and ours (newest run of each stage)\n\n"
-            f"{claims_markdown(checks, with_scale=False)}\n\n"
+            f"{claims_markdown(checks, with_scale=False)}\n\n{MFU_NOTE}\n\n"
             f"## Model quality (test, full ranking, mean over seeds)\n\n{to_markdown(summary)}\n")
     io.atomic_write_text(md, text)
     return {"summary": summary, "claims": checks, "figures": figures, "markdown": md}
