@@ -39,19 +39,13 @@ def _env(**extra: str) -> dict:
     return {**env, **extra}
 
 
-@pytest.fixture(scope="module")
-def checked(tmp_path_factory) -> tuple[Path, subprocess.CompletedProcess]:
-    out = tmp_path_factory.mktemp("device_check")
-    proc = subprocess.run([sys.executable, "-c", WITHOUT, str(out)], cwd=ROOT, capture_output=True, text=True,
-                          timeout=300, env=_env(DEVICE_CHECK_INTERPRET="1"))
-    return out, proc
-
-
 @pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed; `make test` (or `pip install -e .[interpret]`) "
                     "installs it to run the device check under the Triton interpreter")
 @pytest.mark.slow
-def test_the_interpreted_check_runs_every_part_without_the_packages_the_gpu_image_lacks(checked):
-    out, proc = checked
+def test_the_interpreted_check_runs_without_the_gpu_image_lacks_and_its_rows_import_once(tmp_path):
+    out = tmp_path / "device_check"
+    proc = subprocess.run([sys.executable, "-c", WITHOUT, str(out)], cwd=ROOT, capture_output=True, text=True,
+                          timeout=300, env=_env(DEVICE_CHECK_INTERPRET="1"))
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     doc = json.loads((out / "device_check.json").read_text())
     assert doc["interpret"] and doc["device"].startswith("cpu (Triton interpreter)")
@@ -72,29 +66,23 @@ def test_the_interpreted_check_runs_every_part_without_the_packages_the_gpu_imag
     for r in doc["rows"]:  # the result tables' metadata, the machine named
         assert json.loads(r["hardware"])["device"] == doc["device"] and r["run_id"] == doc["run_id"]
 
-
-@pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed (the device check's rows come from its run)")
-@pytest.mark.slow
-def test_import_rows_appends_the_rows_to_the_tables_once(checked, tmp_path):
+    # python -m grlib import-rows: the rows in the tables with their own metadata, once
     from grlib import results
 
-    out, proc = checked
-    assert proc.returncode == 0, proc.stderr[-3000:]
     env = _env(GRLIB_RESULTS_DIR=str(tmp_path / "results"))
     cmd = [sys.executable, "-m", "grlib", "import-rows", str(out / "device_check.json")]
     done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, env=env, timeout=120)
     assert done.returncode == 0, done.stderr
     assert "cpu (Triton interpreter)" in done.stdout
-    doc = json.loads((out / "device_check.json").read_text())
     os.environ["GRLIB_RESULTS_DIR"] = env["GRLIB_RESULTS_DIR"]
     try:
-        train = results.read_table("bench_train", "paper-cpu")
-        kernels = results.read_table("bench_kernels", "laptop")
+        train_table = results.read_table("bench_train", "paper-cpu")
+        kernels_table = results.read_table("bench_kernels", "laptop")
     finally:
         del os.environ["GRLIB_RESULTS_DIR"]
-    assert train.height == 2 and kernels.height == 8
-    assert set(train["run_id"]) == {doc["run_id"]} and set(train["device"]) == {doc["device"]}
-    assert "table" not in train.columns and set(train["timestamp"]) == {doc["rows"][0]["timestamp"]}
+    assert train_table.height == 2 and kernels_table.height == 8
+    assert set(train_table["run_id"]) == {doc["run_id"]} and set(train_table["device"]) == {doc["device"]}
+    assert "table" not in train_table.columns and set(train_table["timestamp"]) == {doc["rows"][0]["timestamp"]}
     again = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, env=env, timeout=120)
     assert again.returncode == 2 and "is there already" in again.stderr and len(again.stderr.splitlines()) == 1
 
