@@ -38,6 +38,7 @@ ROWS = [
     _row("W1 model quality (workbench target)", "hstu vs popularity >= 1.5x", "(workbench target)", "2.75x", "met"),
     _row("C7 end to end: MFU and scaling", "MFU >= 54.71%", "54.71%", "—", "not measured yet"),
 ]
+CONTEXT = _row("C7 end to end: MFU and scaling", "fp32 MFU", "54.71%", "35.7%", "fp32: context")
 
 
 def test_the_parser_reads_the_reports_columns():
@@ -57,12 +58,23 @@ def test_glance_one_line_per_claim_within_120_columns(tmp_path):
     assert "2.2x" in by_claim["C1"] and "89.3x" in by_claim["C1"] and "5.1x" not in by_claim["C1"]
     assert by_claim["C1"].split()[-3:] == ["2", "0", "0"]
     assert by_claim["C3"].split()[-3:] == ["0", "1", "1"] and "…" in by_claim["C3"]  # cut, not wrapped
+    assert by_claim["C7"].split()[-3:] == ["0", "0", "1"]  # not measured yet: other
     assert "2.75x" in by_claim["W1"]  # a workbench target: its own checks
     assert "(no check with a verdict)" in by_claim["C7"]
-    assert "6 checks: 3 met, 1 not met, 1 reported without a threshold, 1 not measured yet" in lines
+    assert "6 checks: 3 met, 1 not met; other (no verdict): 1 (no threshold), 1 not measured yet" in lines
     assert any(line.startswith("Every check with its threshold") for line in lines)
     per_check = glance.check_lines(checks)
     assert len(per_check) == len(ROWS) and max(map(len, per_check)) <= glance.WIDTH
+
+
+def test_verdicts_beyond_met_count_as_other_by_name(tmp_path):
+    """A verdict the report adds later (C7's "fp32: context") is counted under other, by its words."""
+    path = tmp_path / "t.md"
+    path.write_text(_summary([*ROWS, CONTEXT]))
+    lines = glance.glance(glance.read_checks(path), "t", path)
+    c7 = next(line for line in lines if line.startswith("C7"))
+    assert c7.split()[-3:] == ["0", "0", "2"]
+    assert "7 checks: 3 met, 1 not met; other (no verdict): 1 (no threshold), 1 not measured yet, 1 fp32: context" in lines
 
 
 def test_the_committed_summary_at_a_glance():
@@ -78,6 +90,8 @@ def test_the_committed_summary_at_a_glance():
     assert ids and [line.split()[0] for line in lines if line.split() and line.split()[0] in ids] == ids
     counts = collections.Counter(c.verdict for c in checks)
     assert f"{len(checks)} checks: {counts['met']} met, {counts['not met']} not met" in "\n".join(lines)
+    claim_lines = [line.split() for line in lines if line.split() and line.split()[0] in ids]
+    assert sum(int(w[-1]) + int(w[-2]) + int(w[-3]) for w in claim_lines) == len(checks)
 
 
 def test_cli_claims(tmp_path, monkeypatch, capsys):

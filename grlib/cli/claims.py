@@ -6,7 +6,7 @@
 Reads results/summary/<scale>.md (written by the `report` stage, notebooks/99_report; committed at
 the laptop scale), so it runs in a fresh clone in a fraction of a second and changes nothing. A
 claim's line gives the paper's figures, ours where the check compares to a paper figure, and how
-many of its checks are met, not met, or reported without a threshold; the summary file holds each
+many of its checks are met, not met, or have no verdict (other: no threshold, not measured yet...); the summary file holds each
 check's threshold and how ours was obtained, `dvc metrics show` every stage's metrics. `make
 reproduce` ends with this view.
 """
@@ -22,8 +22,8 @@ WIDTH = 120
 COLUMNS = ["claim", "check", "paper", "ours", "how obtained", "verdict"]  # report.claims_markdown's header
 HEADING = "## Claims"
 NO_PAPER = "(workbench target)"
-# verdicts the report writes (report.VERDICTS, "(no threshold)", "not measured yet"); any other is counted apart
-MET, NOT_MET, NO_THRESHOLD, NOT_MEASURED = "met", "not met", "(no threshold)", "not measured yet"
+MET, NOT_MET = "met", "not met"  # a check's verdict; any other words (report: "(no threshold)", "not measured
+# yet", "fp32: context", ...) say why a check has no verdict, and count as "other"
 
 
 @dataclass(frozen=True)
@@ -33,7 +33,7 @@ class Check:
     paper: str    # "2.2x", a sentence, or "(workbench target)"
     ours: str
     how: str
-    verdict: str  # met | not met | (no threshold) | not measured yet
+    verdict: str  # met | not met | why there is none ("(no threshold)", "not measured yet", ...)
 
     @property
     def claim_id(self) -> str:
@@ -82,8 +82,8 @@ def _distinct(values: list[str]) -> list[str]:
     return list(dict.fromkeys(values))
 
 
-# claim, paper, ours, met, not met, no threshold: 120 characters with the separators
-_W = {"claim": 34, "paper": 18, "ours": 36, "met": 3, "not met": 7, "no threshold": 12}
+# claim, paper, ours, met, not met, other: 119 characters with the separators
+_W = {"claim": 34, "paper": 18, "ours": 42, "met": 3, "not met": 7, "other": 5}
 
 
 def _line(cells: list[str]) -> str:
@@ -98,7 +98,8 @@ def _line(cells: list[str]) -> str:
 def glance(checks: list[Check], scale: str, path: Path) -> list[str]:
     """One line per claim, the totals and where the rest is; every line within WIDTH characters. A
     claim's paper figures and ours are those of its checks with a verdict that compare to a paper
-    figure (a workbench target: all its checks with a verdict), in the summary's order."""
+    figure (a workbench target: all its checks with a verdict), in the summary's order; "other"
+    counts its checks without a met / not met verdict."""
     out = [cut(f"Claims at a glance, scale {scale}: the paper's figures and ours (newest run of each stage)", WIDTH),
            "", _line(list(_W))]
     for claim in _distinct([c.claim for c in checks]):
@@ -107,13 +108,12 @@ def glance(checks: list[Check], scale: str, path: Path) -> list[str]:
         vs_paper = [c for c in judged if c.paper != NO_PAPER] or judged  # a workbench target: its own checks
         paper = ", ".join(_distinct([c.paper for c in vs_paper])) or NO_PAPER
         ours = "; ".join(_distinct([c.ours for c in vs_paper])) or "(no check with a verdict)"
-        counts = [sum(c.verdict == v for c in rows) for v in (MET, NOT_MET, NO_THRESHOLD)]
-        out.append(_line([claim, paper, ours, *map(str, counts)]))
-    total = {v: sum(c.verdict == v for c in checks) for v in (MET, NOT_MET, NO_THRESHOLD, NOT_MEASURED)}
-    other = len(checks) - sum(total.values())
-    out += ["", cut(f"{len(checks)} checks: {total[MET]} met, {total[NOT_MET]} not met, {total[NO_THRESHOLD]} "
-                    f"reported without a threshold, {total[NOT_MEASURED]} not measured yet"
-                    + (f", {other} with another verdict" if other else ""), WIDTH),
+        met, not_met = (sum(c.verdict == v for c in rows) for v in (MET, NOT_MET))
+        out.append(_line([claim, paper, ours, str(met), str(not_met), str(len(rows) - met - not_met)]))
+    count = {v: sum(c.verdict == v for c in checks) for v in _distinct([MET, NOT_MET, *(c.verdict for c in checks)])}
+    others = ", ".join(f"{n} {v}" for v, n in count.items() if v not in (MET, NOT_MET))
+    out += ["", cut(f"{len(checks)} checks: {count[MET]} met, {count[NOT_MET]} not met"
+                    + (f"; other (no verdict): {others}" if others else ""), WIDTH),
             cut(f"Every check with its threshold and how ours was obtained: {path}", WIDTH),
             cut(f"One line per check: python -m grlib claims --scale {scale} --checks; "
                 "every stage's metrics: dvc metrics show", WIDTH)]
