@@ -13,6 +13,7 @@ reproduce` ends with this view.
 from __future__ import annotations
 
 import argparse
+import textwrap
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -112,8 +113,9 @@ def glance(checks: list[Check], scale: str, path: Path) -> list[str]:
         out.append(_line([claim, paper, ours, str(met), str(not_met), str(len(rows) - met - not_met)]))
     count = {v: sum(c.verdict == v for c in checks) for v in _distinct([MET, NOT_MET, *(c.verdict for c in checks)])}
     others = ", ".join(f"{n} {v}" for v, n in count.items() if v not in (MET, NOT_MET))
-    out += ["", cut(f"{len(checks)} checks: {count[MET]} met, {count[NOT_MET]} not met"
-                    + (f"; other (no verdict): {others}" if others else ""), WIDTH),
+    totals = f"{len(checks)} checks: {count[MET]} met, {count[NOT_MET]} not met" + (
+        f"; other (no verdict): {others}" if others else "")
+    out += ["", *textwrap.wrap(totals, WIDTH, subsequent_indent="  "),
             cut(f"Every check with its threshold and how ours was obtained: {path}", WIDTH),
             cut(f"One line per check: python -m grlib claims --scale {scale} --checks; "
                 "every stage's metrics: dvc metrics show", WIDTH)]
