@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import threading
-import time
 from contextlib import closing
 from itertools import islice
 from types import SimpleNamespace
@@ -103,11 +102,13 @@ def test_lookahead_is_bounded_and_close_stops_the_worker():
             yield i
             i += 1
 
-    worker = PrefetchWorker(endless(), lambda b: b, depth=2)
+    ran = threading.Semaphore(0)
+    worker = PrefetchWorker(endless(), lambda b: ran.release() or b, depth=2)
     assert next(worker) == (0, 0)
-    time.sleep(0.3)  # the worker runs 2 beyond the one taken, then waits
-    assert pulled == [0, 1, 2]  # taken + depth: it pulls nothing from the source it may not start
-    worker.close()
+    for _ in range(3):  # the worker runs 2 beyond the one taken (a timeout only turns a hang into a failure)
+        assert ran.acquire(timeout=60)
+    worker.close()  # it finishes what it was allowed, no more
+    assert pulled == [0, 1, 2]  # taken + depth: it pulled nothing from the source it may not start
     assert not worker.alive and not _worker_threads()
     worker.close()  # idempotent
     with pytest.raises(StopIteration):
