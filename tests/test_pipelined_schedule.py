@@ -14,7 +14,8 @@ import torch
 from grlib.config import DistConfig
 from grlib.distributed.launch import launch
 from grlib.distributed.stream import StreamGrads
-from test_overlap_allreduce import _smoke, one_process  # noqa: F401  (the fixture: one process's 20 losses)
+# one_process: the fixture of one process's 20 losses; PINNED_GEMM: the ranks' GEMM library, pinned
+from test_overlap_allreduce import PINNED_GEMM, _smoke, one_process  # noqa: F401
 
 LOSS_TOL = 1e-5  # as tests/test_data_parallel.py: float32 sums in another order
 SMALL = 16 * 2**10  # bytes: several buckets for the smoke model
@@ -48,7 +49,7 @@ def test_two_ranks_pipelined_trains_what_one_process_and_semisync_train(one_proc
     runs = [DistConfig(world=2, balance="kk", schedule="pipelined", bucket_bytes=SMALL, items="hierarchical"),
             DistConfig(world=2, balance="kk", schedule="semisync", staleness=1, items="flat"),
             DistConfig(world=2, balance="kk", schedule="pipelined", staleness=1, bucket_bytes=SMALL, items="flat")]
-    got = launch(_train, 2, args=(runs, 20), timeout_s=600)
+    got = launch(_train, 2, args=(runs, 20), timeout_s=600, env=PINNED_GEMM)
     exact, semisync, stale = got[0]
     assert len(exact["losses"]) == len(one_process) == 20
     assert np.max(np.abs(np.subtract(exact["losses"], one_process))) <= LOSS_TOL
@@ -64,7 +65,7 @@ def test_two_ranks_pipelined_trains_what_one_process_and_semisync_train(one_proc
 def test_four_ranks_on_two_nodes_pipelined_trains_what_one_process_trains(one_process):
     runs = [DistConfig(world=4, nodes=2, balance="lpt", schedule="pipelined", bucket_bytes=SMALL,
                        items="hierarchical", dedup="node")]
-    got = launch(_train, 4, nodes=2, args=(runs, 20), timeout_s=900)
+    got = launch(_train, 4, nodes=2, args=(runs, 20), timeout_s=900, env=PINNED_GEMM)
     for g in got:
         assert np.max(np.abs(np.subtract(g[0]["losses"], one_process))) <= LOSS_TOL
         _assert_streamed(g[0], 20)

@@ -1,29 +1,54 @@
 """grlib.distributed.schedules: the lockstep worker (grlib.train.prefetch.PrefetchWorker, shared with one process), and on 2 gloo ranks with a row-sharded item table:
-prefetch and semisync(0) train bit for bit what sync trains for 50 steps; semisync(2) looks rows up
-early (a nonzero stale fraction) and still trains."""
+prefetch and semisync(0) train bit for bit what sync trains for 50 steps (the GEMM library pinned);
+semisync(2) looks rows up early (a nonzero stale fraction) and still trains; the one-backward rule."""
 from __future__ import annotations
 
 import ast
 import threading
-import time
 from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
 from grlib.config import ConfigError, DistConfig, load_config
 from grlib.distributed.launch import launch
 from grlib.train.prefetch import PrefetchError, PrefetchWorker
 
 
+def _signalled(started: list[int]):
+    """fn for a PrefetchWorker: records the item it starts and releases a semaphore per item."""
+    done = threading.Semaphore(0)
+
+    def fn(i):
+        started.append(i)
+        done.release()
+        return i * i
+    return fn, done
+
+
+def _await(done: threading.Semaphore, n: int) -> None:
+    """Waits until the worker ran fn on n more items. The timeout only turns a hang into a failure:
+    nothing here asserts how long the worker took."""
+    for _ in range(n):
+        assert done.acquire(timeout=60), "the worker did not start the items it may start"
+
+
 def test_the_worker_runs_at_most_ahead_items_beyond_those_taken():
+    """Events, not sleeps: the worker starts `depth` items before any is taken (waited for through
+    fn's semaphore), and close() lets it finish what it was allowed and no more, so the items it ran
+    by then are exactly taken + depth (it never started one beyond)."""
     started = []
-    worker = PrefetchWorker(range(10), lambda i: started.append(i) or i * i, depth=2)
-    time.sleep(0.2)
-    assert started == [0, 1]  # nothing taken yet: 2 ahead
+    fn, done = _signalled(started)
+    worker = PrefetchWorker(range(10), fn, depth=2)
+    _await(done, 2)  # nothing taken yet: it ran 2 ahead
+    worker.close()
+    assert started == [0, 1]  # and not a third
+    started = []
+    fn, done = _signalled(started)
+    worker = PrefetchWorker(range(10), fn, depth=2)
     assert next(worker) == (0, 0)
-    time.sleep(0.2)
-    assert started == [0, 1, 2]
+    _await(done, 3)  # one taken: a third
     assert [next(worker)[1] for _ in range(3)] == [1, 4, 9]
     worker.close()  # finishes what it was allowed (4 taken + 2 ahead = items 0..5), then stops
     assert started == [0, 1, 2, 3, 4, 5]
@@ -55,6 +80,11 @@ def test_staleness_needs_the_semisync_schedule():
 
 
 SCHEDULES = [("sync", 0), ("prefetch", 0), ("semisync", 0), ("semisync", 2)]
+# the GEMM library of the ranks' float32 linears (grlib.ops.gemm_choice, which otherwise takes the one
+# that was faster when this session measured them): pinned, so that the bit-for-bit comparisons below
+# cannot depend on a timing (the libraries round differently, and MKL's rounding changes with memory
+# alignment)
+PINNED_GEMM = {"GRLIB_GEMM": "onednn" if torch.backends.mkldnn.is_available() else "blas"}
 
 
 def _train_each_schedule(runtime) -> dict:
@@ -74,6 +104,9 @@ def _train_each_schedule(runtime) -> dict:
         dist_cfg = DistConfig(world=2, balance="kk", items="flat", schedule=schedule, staleness=k)
         fit = train(model, data, cfg.train, cfg.data.max_len, cfg.negatives, runtime=runtime, dist_cfg=dist_cfg)
         out[(schedule, k)] = {"losses": fit.losses, "stale": [r["stale_fraction"] for r in fit.timeline]}
+    from grlib.ops import gemm_choice
+
+    out["gemm"] = gemm_choice.record()["library"]  # the library the ranks' linears ran: the pinned one
     return out
 
 
@@ -81,7 +114,8 @@ def test_prefetch_and_semisync0_train_what_sync_trains_bit_for_bit():
     from grlib.data.catalog import load_dataset
 
     load_dataset(load_config("smoke"), "scale")  # prepared once, before the ranks read it
-    got = launch(_train_each_schedule, 2, timeout_s=600)
+    got = launch(_train_each_schedule, 2, timeout_s=600, env=PINNED_GEMM)
+    assert [g["gemm"] for g in got] == [PINNED_GEMM["GRLIB_GEMM"]] * 2
     sync = got[0][("sync", 0)]["losses"]
     assert len(sync) == 50 and got[1][("sync", 0)]["losses"] == sync
     for key in (("prefetch", 0), ("semisync", 0)):
@@ -107,14 +141,18 @@ def test_one_worker_class_runs_ahead_for_every_schedule():
     assert starters == {"grlib.train.prefetch.PrefetchWorker", "grlib.distributed.stream.CommStream"}
 
 
-# The modules that call .backward() on something other than a training step's loss: measurements of
-# one layer or of the loss alone (kernels, calibrations, the negatives ablation's memory), bench ops and
-# the timing of a linear layer through each GEMM library (gemm_choice); and the pipelined schedule's
-# communication stream, which continues the step's own backward through the item rows' trips (their
-# gradients, handed over by the step's backward hooks; tests/test_pipelined_schedule.py)
+# The modules that call .backward() to measure, never in a training step: one layer or the loss alone
+# (kernels, calibrations, the negatives ablation's memory), bench ops, the device check's kernels
+# (correctness and timings; its training steps are TrainStep's) and the timing of a linear layer
+# through each GEMM library (gemm_choice)
 MEASURING_BACKWARDS = {"grlib/experiments/negatives_stage.py", "grlib/experiments/kernels_stage.py",
                        "grlib/experiments/scaling_cluster.py", "grlib/distributed/cost.py", "grlib/bench/ops.py",
-                       "grlib/ops/gemm_choice.py", "grlib/distributed/stream.py"}
+                       "grlib/bench/device_check.py", "grlib/ops/gemm_choice.py"}
+# A training step's backward: it starts in TrainStep (1 and N ranks: the data-parallel step wraps it) and,
+# under the pipelined schedule, goes on in the communication stream, which runs the item rows' trips
+# back to their owners from the gradients the step's own backward handed over through the rows' hooks
+# (grlib.distributed.stream._send_back; tests/test_pipelined_schedule.py): one call each
+TRAINING_BACKWARDS = {"grlib/train/step.py": 1, "grlib/distributed/stream.py": 1}
 
 
 def backward_calls(root: Path) -> dict[str, int]:
@@ -128,13 +166,37 @@ def backward_calls(root: Path) -> dict[str, int]:
     return found
 
 
+def _functions(tree: ast.AST) -> dict[str, ast.AST]:
+    """{name: node} of the functions and methods in `tree`, methods as Class.method."""
+    out = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ClassDef):
+            out.update({f"{node.name}.{f.name}": f for f in node.body if isinstance(f, ast.FunctionDef)})
+        elif isinstance(node, ast.FunctionDef) and not any(node in c.body for c in ast.walk(tree)
+                                                           if isinstance(c, ast.ClassDef)):
+            out[node.name] = node
+    return out
+
+
 def test_one_backward_for_a_training_step(tmp_path):
-    """A training step runs backward in one place, grlib.train.step.TrainStep (1 and N ranks: the
-    data-parallel step wraps it); every other call measures one layer or the loss alone."""
+    """A training step's backward runs in the places TRAINING_BACKWARDS names, one call each; every
+    other call measures one layer or the loss alone. The stream's call continues the step's backward
+    only: it is alone in _send_back, which StreamLookup.send_back alone submits, with the gradient that
+    StreamGrads hands it from the rows' hooks (or zeros where none came)."""
     root = Path(__file__).resolve().parents[1]
     found = backward_calls(root)
-    assert found.pop("grlib/train/step.py") == 1
+    assert {k: found.pop(k, 0) for k in TRAINING_BACKWARDS} == TRAINING_BACKWARDS
     assert set(found) <= MEASURING_BACKWARDS, sorted(set(found) - MEASURING_BACKWARDS)
+    funcs = _functions(ast.parse((root / "grlib" / "distributed" / "stream.py").read_text()))
+    with_backward = [name for name, f in funcs.items()
+                     if any(isinstance(n, ast.Attribute) and n.attr == "backward" for n in ast.walk(f))]
+    assert with_backward == ["_send_back"]
+    submitting = [name for name, f in funcs.items() if name != "_send_back"
+                  and any(isinstance(n, ast.Name) and n.id == "_send_back" for n in ast.walk(f))]
+    assert submitting == ["StreamLookup.send_back"]
+    callers = [name for name, f in funcs.items()
+               if any(isinstance(n, ast.Attribute) and n.attr == "send_back" for n in ast.walk(f))]
+    assert callers == ["StreamGrads._send_ready"]
     planted = tmp_path / "grlib" / "distributed"  # a second training backward is caught
     planted.mkdir(parents=True)
     (planted / "data_parallel.py").write_text("def step(loss):\n    loss.backward()\n")
