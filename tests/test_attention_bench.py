@@ -53,7 +53,7 @@ def test_one_child_measurement_in_process(op):
     assert 1 <= row["repeats"] <= 2
 
 
-def test_cli_writes_the_issue_keys(tmp_path, monkeypatch, isolated_outputs):
+def test_cli_writes_the_issue_keys(tmp_path, monkeypatch, isolated_outputs, capsys):
     from grlib.cli import main
 
     monkeypatch.setattr(kernels_stage, "run_child", kernels_stage.child)  # in-process: the subprocess runs in the notebook
@@ -72,6 +72,8 @@ def test_cli_writes_the_issue_keys(tmp_path, monkeypatch, isolated_outputs):
         assert r["frac_of_peak"] == pytest.approx(r["gflops"] / 100.0)
         assert r["frac_of_nominal"] == pytest.approx(r["gflops"] / r["nominal_peak_gflops"])
     assert (isolated_outputs / "results" / "adhoc" / "tables" / "bench_kernels" / "scale=smoke").is_dir()  # no --record
+    printed = capsys.readouterr().out  # a 120-column terminal holds the table (tests/test_bench_tables.py)
+    assert max(len(line) for line in printed.splitlines()) <= 120 and "speedup" in printed
 
 
 @pytest.mark.parametrize("change,field", [

@@ -30,13 +30,15 @@ def test_prepare_reports_bad_config_and_bad_data(tmp_path, capsys):
 
 
 @pytest.mark.slow
-def test_bench_data_writes_rows_per_s_and_peak_rss(tmp_path, isolated_outputs):
+def test_bench_data_writes_rows_per_s_and_peak_rss(tmp_path, isolated_outputs, capsys):
     path = tmp_path / "bench.json"
     # one size, two child processes (each imports torch through grlib: a few seconds)
     assert main(["bench", "data", "--scale", "smoke", "--rows", "30000", "--n-items", "2000", "--length-factor", "0.05",
                  "--max-len", "64", "--bucket-rows", "5000", "--json", str(path), "--workdir", str(tmp_path)]) == 0
     rows = json.loads(path.read_text())
     assert [r["method"] for r in rows] == ["streaming", "in-memory", "streaming, extrapolated to KuaiRand-27K"]
+    printed = capsys.readouterr().out  # a 120-column terminal holds the table (tests/test_bench_tables.py)
+    assert max(len(line) for line in printed.splitlines()) <= 120 and "speed_vs_mem" in printed
     stream, memory, extra = rows
     assert stream["buckets"] > 1 and memory["buckets"] == 1 and stream["rows"] == memory["rows"]
     assert 15_000 < stream["rows"] < 60_000

@@ -132,4 +132,6 @@ def test_bench_pipeline_quick_writes_every_part(tmp_path, isolated_outputs, caps
     assert [r["processes"] for r in rows if r["part"] == "measured-scaling"][:2] == [1, 2]
     text = capsys.readouterr().out
     assert "acceptance checks (claims C5, C7)" in text and "C5.validation" in text and "C7.measured" in text
+    assert max(len(line) for line in text.splitlines()) <= 120  # a 120-column terminal (tests/test_bench_tables.py)
+    assert "on dedicated cores" in text  # the checks' descriptions: wrapped, not cut
     assert results.read_table("scaling", "smoke").height == 0  # ad-hoc: not in the committed tables

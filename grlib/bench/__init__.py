@@ -3,6 +3,11 @@ optionally JSON, and measures its baseline in the same run. The rows go to the a
 (results/adhoc/tables/, not in git) unless --record adds them to the committed results/tables/;
 the command says where they went.
 
+Tables fit 120 columns (grlib.bench.common.print_table): the columns a reader compares, the rest
+in the rows, the JSON and the result tables; --wide prints every column. Library warnings (torch
+dynamo's graph breaks, UserWarnings) and the profiler's USDT lines are kept off the terminal
+unless -v / --verbose.
+
 Each entry of BENCHES names a module with `add_arguments(parser)` and `run(args) -> list[dict]`.
 A bench module is imported only when the command line names it, and imports its experiment (and
 with it altair) inside `run`, so `--help` and the parser import no stage (tests/test_cli_startup.py).
@@ -43,6 +48,10 @@ def add_bench_parser(sub: argparse._SubParsersAction, complete: bool = False) ->
         add_config_arguments(p)  # --scale (params.yaml's by default) and -o overrides
         p.add_argument("--record", action="store_true",
                        help="append the rows to the committed results/tables/ (default: results/adhoc/tables/)")
+        p.add_argument("--wide", action="store_true",
+                       help="print every column (default: the ones a reader compares, within 120 characters)")
+        p.add_argument("-v", "--verbose", action="store_true",
+                       help="let library warnings (torch dynamo, UserWarnings) and profiler lines through")
         p.module = module
         p.set_defaults(func=lambda args, module=module: _run(importlib.import_module(module), args))
         if complete:
@@ -76,10 +85,12 @@ def _summary(module: str) -> str:
 
 def _run(mod, args: argparse.Namespace) -> int:
     from grlib import io, results
+    from grlib.bench import common
 
-    with results.adhoc(not args.record) as sink:
+    common.show_all, common.verbose = args.wide, args.verbose
+    with results.adhoc(not args.record) as sink, common.library_noise(args.verbose):
         rows = mod.run(args)
     if args.json:
         io.atomic_write_text(Path(args.json), json.dumps(rows, indent=2) + "\n")
-    print(sink.note())
+    print(common.wrap(sink.note()))
     return 0

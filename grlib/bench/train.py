@@ -72,6 +72,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 RECOMPUTE = "recompute"  # --impls IMPL:recompute
+# the columns the table prints (key, or (key, header)); every other one is in the rows (--wide, --json)
+COLUMNS = (("attention_impl", "impl"), "isa", "compiled", ("recompute_layers", "recompute"), "auto", "step_ms",
+           ("speedup_vs_reference", "speedup"), "mfu", "mfu_nominal", "mfu_with_loss", "peak_rss_mb")
 
 
 def parse_impl(token: str, recompute: bool) -> tuple[str, bool]:
@@ -168,11 +171,7 @@ def run(args: argparse.Namespace) -> list[dict]:
         key = key if key in base else next((k for k in base if k[0] == row["isa"]), None)
         row["speedup_vs_reference"] = base[key] / row["step_ms"] if key else float("nan")
         row["reference_recompute_layers"] = key[1] if key else None  # what that reference row recomputed
-    print_table([{k: r[k] for k in ("attention_impl", "isa", "compiled", "recompute_layers", "auto", "step_ms", "step_cpu_ms", "compile_s",
-                                    "forward_share", "loss_share", "backward_share", "optimizer_share",
-                                    "gemm_share_of_peak", "gemm_bound_ms", "other_ms", "mfu", "mfu_nominal",
-                                    "mfu_on_cpu", "mfu_gemm_bound", "mfu_with_loss",
-                                    "speedup_vs_reference", "peak_rss_mb")} for r in rows],
+    print_table(rows,
                 f"bench train: scale {cfg.scale}, HSTU {cfg.model.n_layers}x{cfg.model.n_heads} d={cfg.model.d_model} "
                 f"({cfg.model.precision}; loss {cfg.negatives.precision}), "
                 f"{count}; batch {cfg.train.batch_size} x max_len {cfg.data.max_len} ({T} tokens per step); "
@@ -190,7 +189,10 @@ def run(args: argparse.Namespace) -> list[dict]:
                 f"through {gemm_choice.describe()}\n"
                 f"gemm_bound_ms / mfu_gemm_bound: the step if nothing but its GEMMs took time (projections at "
                 f"gemm_share_of_peak, the loss's logit GEMMs at the peak); other_ms = step_ms - gemm_bound_ms\n"
-                f"The paper's 54.71% MFU compares with mfu_nominal (a nominal peak, NVIDIA's convention).")
+                f"The paper's 54.71% MFU compares with mfu_nominal (a nominal peak, NVIDIA's convention).\n"
+                f"impl: model.attention_impl (auto: the default's row); speedup: the step time of the reference row "
+                f"of the same path over this row's",
+                COLUMNS)
     if args.top > 0:
         print_table(steps.top_ops(cfg.replace({"model.attention_impl": auto}), data, batches, args.top,
                                     args.profile_steps),

@@ -135,10 +135,12 @@ def top_ops(cfg, data, batches, n: int, steps: int = 3) -> list[dict]:
     """The n ops with the most self CPU time over `steps` profiled training steps (torch.profiler)."""
     from torch.profiler import ProfilerActivity, profile
 
+    from grlib.bench.common import native_output_filtered
+
     step = build_schedule(cfg, data).step
     it = iter(batches)
     step(it)  # warm
-    with profile(activities=[ProfilerActivity.CPU]) as prof:
+    with native_output_filtered(), profile(activities=[ProfilerActivity.CPU]) as prof:  # no "USDT: ..." lines
         for _ in range(steps):
             step(it)
     events = sorted(prof.key_averages(), key=lambda e: e.self_cpu_time_total, reverse=True)
