@@ -4,6 +4,7 @@
     with bar(total, desc="train") as b:
         b.update(1); b.set_postfix(loss="3.21", refresh=False)
     log("02_train: cell 3/14 ...")             # one line, unless progress is silenced
+    with run_of(3, 18, "sasrec, seed 1"): ...  # bars and lines inside read "run 3 of 18 (sasrec, seed 1): train ..."
 
 Where stderr is a terminal: tqdm bars. Elsewhere (a pipe, a CI log, nohup, a notebook kernel
 under papermill or JupyterLab): a line on stderr at most every GRLIB_PROGRESS_INTERVAL seconds
@@ -17,6 +18,7 @@ GRLIB_PROGRESS=0 silences both kinds, 1 forces bars, log forces log lines.
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 import time
@@ -131,9 +133,24 @@ class LogProgress:
         self.close()
 
 
+_run = ""  # "run i of n (what): " inside run_of: the prefix of every bar and log line
+
+
+@contextlib.contextmanager
+def run_of(i: int, n: int, what: str = "") -> Iterator[None]:
+    """Bars and progress lines in the block name the run: "run i of n (what): <desc>" (a grid of
+    runs: the train stage's, bench negatives' seeds)."""
+    global _run
+    before, _run = _run, f"run {i} of {n}{f' ({what})' if what else ''}: "
+    try:
+        yield
+    finally:
+        _run = before
+
+
 def bar(total: int, desc: str = "", **kw: Any) -> tqdm | LogProgress:
     """A manual progress counter (update(n), set_postfix); use as a context manager."""
-    how = mode()
+    how, desc = mode(), _run + desc
     if how == "log":
         return LogProgress(total, desc, **kw)
     return tqdm(total=total, desc=desc, disable=how == "off", dynamic_ncols=True, leave=False, **kw)
@@ -141,7 +158,7 @@ def bar(total: int, desc: str = "", **kw: Any) -> tqdm | LogProgress:
 
 def progress(iterable: Iterable[T], desc: str = "", total: int | None = None, **kw: Any) -> Iterator[T]:
     """Yields the items of `iterable`, reporting progress as `bar` does."""
-    how = mode()
+    how, desc = mode(), _run + desc
     if how != "log":
         return iter(tqdm(iterable, desc=desc, total=total, disable=how == "off", dynamic_ncols=True,
                          leave=False, **kw))

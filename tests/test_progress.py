@@ -54,6 +54,21 @@ def test_log_lines_at_each_interval_and_at_the_end(log_mode, capsys):
                      "train: 4/4 (100%) in 00:06, 2.00s/it, finished, loss=2.500"]
 
 
+def test_a_run_of_a_grid_names_itself_in_its_lines(log_mode, capsys):
+    """A long command's runs (the train stage's grid, bench negatives' seeds): "run i of n (what): ..."."""
+    with progress.run_of(3, 18, "ml-100k sasrec seed 1"):
+        with progress.bar(2, desc="train") as b:
+            log_mode.tick(1.0)
+            b.update(2)
+        assert list(progress.progress(range(1), desc="eval")) == [0]
+    assert list(progress.progress(range(1), desc="after")) == [0]  # outside the block: as before
+    run = "run 3 of 18 (ml-100k sasrec seed 1): "
+    assert capsys.readouterr().err.splitlines() == [
+        f"{run}train: 2/2 (100%) in 00:01, 2.00it/s", f"{run}train: 2/2 (100%) in 00:01, 2.00it/s, finished",
+        f"{run}eval: 1/1 (100%) in 00:00, ?it/s", f"{run}eval: 1/1 (100%) in 00:00, ?it/s, finished",
+        "after: 1/1 (100%) in 00:00, ?it/s", "after: 1/1 (100%) in 00:00, ?it/s, finished"]
+
+
 def test_iterables_and_stopped_work(log_mode, capsys):
     assert list(progress.progress(range(3), desc="rows")) == [0, 1, 2]
     assert list(progress.progress(iter("ab"), desc="gen")) == ["a", "b"]

@@ -52,7 +52,7 @@ from grlib.experiments import claims
 from grlib.fit import assemble
 from grlib.negatives.memory import peak_bytes
 from grlib.negatives.path import build_negative_path, sample_stats
-from grlib.progress import progress
+from grlib.progress import progress, run_of
 
 TABLE = "negatives"
 
@@ -265,13 +265,18 @@ def run_dataset(cfg: Config, ab: NegativesAblation, ds: Dataset, vs: list[Varian
     # history masking only where no target repeats a history item (grlib.evaluate; the twin has repeats)
     mask = ds.mask_history
     rows = []
+    n_runs, done = sum(len(ab.seeds if v.all_seeds else ab.seeds[:1]) for v in vs if v.trains), 0  # "run i of n"
     for v in progress(vs, desc=f"{name}: memory + quality"):
         row = {"dataset": name, "variant": v.name, "sharing": v.sharing, "n_negatives": v.n_negatives,
                "precision": v.precision, "sampling": v.sampling, "sampler": v.sampler, "baseline": v.baseline,
                "step_ms": step_ms[v.name], **measure_memory(v, cfg, data, biggest, seed),
                **measure_stats(v, cfg, data, batches, seed)}
         seeds = (ab.seeds if v.all_seeds else ab.seeds[:1]) if v.trains else []
-        runs = [measure_quality(v, cfg, data, ab, s, mask) for s in seeds]
+        runs = []
+        for s in seeds:  # progress lines say "run i of n" over the dataset's quality runs
+            done += 1
+            with run_of(done, n_runs, f"{name} {v.name} seed {s}"):
+                runs.append(measure_quality(v, cfg, data, ab, s, mask))
         row["ndcg@10"], row["ndcg@10_std"] = _mean_std([r["ndcg@10"] for r in runs])
         row["hr@10"], _ = _mean_std([r["hr@10"] for r in runs])
         row["quality_seeds"] = ",".join(str(s) for s in seeds)

@@ -4,9 +4,9 @@ selected on validation and evaluated on test by full ranking.
 Datasets come from the dataset catalogue (grlib.data.catalog): "scale" is the scale's own
 processed data (the `data` stage's output, e.g. the synthetic KuaiRand twin at laptop scale); any
 other name (e.g. "ml-100k") is prepared once with the scale's data settings into a folder of its
-own. Each dataset trains with the scale's settings and that dataset's overrides
-(`ablations.train.overrides`, recorded per row as JSON in the `overrides` column), under the tighter
-of the scale's and the dataset's step budget. A real dataset whose file is absent is skipped with
+own. Each dataset trains with the scale's settings and that dataset's own (params.yaml `datasets`,
+filled into `ablations.train.overrides` by load_ablation; recorded per row as JSON in the `overrides`
+column), under the tighter of the scale's and the dataset's step budget. A real dataset whose file is absent is skipped with
 its reason (listed in `run`'s result and in the metrics JSON), never replaced.
 
 `ablations.train.precisions` beyond fp32 (bf16) train HSTU again on every dataset and seed with that
@@ -27,6 +27,7 @@ import altair as alt
 import polars as pl
 
 from grlib import hardware, perf, results
+from grlib.progress import run_of
 from grlib.config import Config, TrainAblation
 from grlib.data.catalog import dataset_config, load_dataset
 from grlib.data.download import DownloadError
@@ -88,6 +89,8 @@ def run(cfg: Config, ablation: TrainAblation) -> dict:
     precisions = [p for p in ablation.precisions[1:] if p not in precisions_skipped]
     peaks = {p: perf.peak_flops(COMPUTE_DTYPES[p]) for p in precisions}  # a bf16 run's MFU: the bf16 peak
     caps = ablation.max_steps or [0] * len(ablation.datasets)
+    per_dataset = len(ablation.seeds) * (len(ablation.models) + len(precisions))
+    n_runs, i = len(ablation.datasets) * per_dataset, 0  # progress lines say "run i of n_runs"
     for name, cap in zip(ablation.datasets, caps):
         ds_cfg = cfg.replace(ablation.dataset_overrides(name))  # the dataset's own settings (e.g. ML-100K's loss)
         try:
@@ -95,12 +98,15 @@ def run(cfg: Config, ablation: TrainAblation) -> dict:
         except (FileNotFoundError, DownloadError) as err:  # absent and not downloadable here: said, not hidden
             skipped[dataset_config(ds_cfg, name).dataset] = str(err)
             print(f"skipped dataset {dataset_config(ds_cfg, name).dataset!r}: {err}")
+            i += per_dataset
             continue
         for model in ablation.models:
             for seed in ablation.seeds:
                 run_cfg = ds_cfg.replace({"model.name": model, "train.seed": seed,
                                           "train.max_steps": step_budget(ds_cfg.train.max_steps, cap)})
-                fit = fit_and_evaluate(run_cfg, ds, peak)
+                i += 1
+                with run_of(i, n_runs, f"{ds.name} {model} seed {seed}"):
+                    fit = fit_and_evaluate(run_cfg, ds, peak)
                 key = {"dataset": ds.name, "model": model, "seed": seed}
                 rows.append({**key, **{k: v for k, v in fit.row.items() if k != "resumed_from"},
                              "overrides": json.dumps(ablation.dataset_overrides(name), sort_keys=True)})
@@ -109,7 +115,9 @@ def run(cfg: Config, ablation: TrainAblation) -> dict:
             for seed in ablation.seeds:
                 run_cfg = ds_cfg.replace({"model.name": "hstu", "model.precision": precision, "train.seed": seed,
                                           "train.max_steps": step_budget(ds_cfg.train.max_steps, cap)})
-                fit = fit_and_evaluate(run_cfg, ds, peaks[precision])
+                i += 1
+                with run_of(i, n_runs, f"{ds.name} hstu {precision} seed {seed}"):
+                    fit = fit_and_evaluate(run_cfg, ds, peaks[precision])
                 precision_rows.append({"dataset": ds.name, "model": "hstu", "precision": precision, "seed": seed,
                                        **{k: v for k, v in fit.row.items() if k != "resumed_from"}})
     if not rows:
