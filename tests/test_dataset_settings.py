@@ -119,3 +119,22 @@ def test_train_names_the_datasets_settings_it_takes_and_an_override_wins(real_da
     row = results.read_table("train_runs", "smoke", adhoc=True).row(-1, named=True)
     want = load_config("smoke", {"model.d_model": 32, "model.name": "hstu", "train.max_steps": 1}, dataset="ml-100k")
     assert row["params_hash"] == want.params_hash()  # the run's whole config: the dataset's settings under the -o
+
+
+def test_the_train_stage_trains_its_grid_on_a_prepared_folder(isolated_outputs, tmp_path, capsys):
+    """notebooks/02_train's `data` parameter: train_stage.run on a folder `data prepare` made."""
+    from grlib.experiments import train_stage
+    from grlib.schema import DataError
+
+    out = tmp_path / "seqs"
+    stats = _prepare(["--dataset", "synthetic", "--scale", "smoke", "--out", str(out), "--n-users", "120",
+                      "--max-len", "24"], capsys)
+    cfg = load_config("smoke")
+    grid = load_ablation("train", {"models": ["hstu"], "seeds": [0], "precisions": ["fp32"]})
+    got = train_stage.run(cfg, grid, data=out)
+    table = got["table"]
+    assert table["dataset"].to_list() == ["synthetic"] and got["skipped"] == {}
+    assert table["test_users"].to_list() == [stats["users"]] and 0 < table["steps"][0] <= cfg.train.max_steps
+    (tmp_path / "other").mkdir()
+    with pytest.raises(DataError, match="not a folder `data prepare` made"):
+        train_stage.run(cfg, grid, data=tmp_path / "other")

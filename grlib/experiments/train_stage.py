@@ -19,9 +19,11 @@ in `summary` (and checked by the claims registry's W1.peer).
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from dataclasses import dataclass
+from pathlib import Path
 
 import altair as alt
 import polars as pl
@@ -29,7 +31,7 @@ import polars as pl
 from grlib import hardware, perf, results
 from grlib.progress import run_of
 from grlib.config import Config, TrainAblation
-from grlib.data.catalog import dataset_config, load_dataset
+from grlib.data.catalog import PREPARED_DATA_FIELDS, dataset_config, load_dataset, load_prepared, prepared_stats
 from grlib.data.download import DownloadError
 from grlib.fit import fit_and_evaluate
 from grlib.model.hstu import COMPUTE_DTYPES
@@ -75,11 +77,17 @@ def peer_table() -> pl.DataFrame:
                         schema_overrides={"test_mrr": pl.Float64})
 
 
-def run(cfg: Config, ablation: TrainAblation) -> dict:
+def run(cfg: Config, ablation: TrainAblation, data: str | Path | None = None) -> dict:
     """Trains the grid; appends rows to tables `train` and `train_curves`; returns
     {"table": this run's rows, "curves": curve rows, "summary": mean/std per dataset x model,
     "skipped": {dataset: reason}, "precision": the train_precision rows (empty for fp32 only),
-    "precision_summary": precision_summary of them}."""
+    "precision_summary": precision_summary of them}. data: a folder `python -m grlib data prepare`
+    made (the notebook's `data` parameter): the grid trains on it, with its dataset's own settings and
+    its data settings, instead of ablation.datasets (any other folder: DataError)."""
+    if data:
+        stats = prepared_stats(Path(data))  # refuses a folder `data prepare` did not make
+        cfg = cfg.replace({f"data.{k}": stats[k] for k in PREPARED_DATA_FIELDS})
+        ablation = dataclasses.replace(ablation, datasets=[stats["dataset"]], max_steps=[])
     peak = perf.peak_flops() if any(m != "popularity" for m in ablation.models) else None
     rows, curves, skipped, precision_rows = [], [], {}, []
     # a precision this CPU cannot run (bf16 without AVX512-BF16, or under GRLIB_ISA=avx2): skipped, with its reason
@@ -94,7 +102,7 @@ def run(cfg: Config, ablation: TrainAblation) -> dict:
     for name, cap in zip(ablation.datasets, caps):
         ds_cfg = cfg.replace(ablation.dataset_overrides(name))  # the dataset's own settings (e.g. ML-100K's loss)
         try:
-            ds = load_dataset(ds_cfg, name)
+            ds = load_prepared(ds_cfg, Path(data)) if data else load_dataset(ds_cfg, name)
         except (FileNotFoundError, DownloadError) as err:  # absent and not downloadable here: said, not hidden
             skipped[dataset_config(ds_cfg, name).dataset] = str(err)
             print(f"skipped dataset {dataset_config(ds_cfg, name).dataset!r}: {err}")
