@@ -4,10 +4,14 @@ GRLIB_ISA (grlib.hardware.isa) picks grlib._C's instruction-set path. The projec
 in torch's libraries, oneDNN and MKL, which pick their own widest code; each reads one variable
 the first time it multiplies (not when torch loads):
 
-    GRLIB_ISA   ONEDNN_MAX_CPU_ISA   MKL_ENABLE_INSTRUCTIONS   so the process runs as
-    avx512      (left unset)         (left unset)              the CPU it is
-    avx2        AVX2                 AVX2                      an AVX2 + FMA CPU (AMD Zen 3, Intel client)
-    generic     SSE41                SSE4_2                    a CPU with 128-bit vectors
+    GRLIB_ISA     ONEDNN_MAX_CPU_ISA   MKL_ENABLE_INSTRUCTIONS   so the process runs as
+    amx           (left unset)         (left unset)              the CPU it is (an AMX Xeon)
+    avx512_bf16   AVX512_CORE_BF16     (left unset)              an AVX512-BF16 CPU without AMX (AMD Zen 4/5)
+    avx512        AVX512_CORE          (left unset)              an AVX-512 CPU without bf16 units
+    avx2          AVX2                 AVX2                      an AVX2 + FMA CPU (AMD Zen 3, Intel client)
+    generic       SSE41                SSE4_2                    a CPU with 128-bit vectors
+
+(GRLIB_ISA unset: none; MKL's float32 GEMMs are the same code on the three AVX-512 paths.)
 
 so that GRLIB_ISA=avx2 on an AVX-512 machine runs the whole step as an AVX2-only CPU would. A
 variable the user set is left as it is. The names grlib set are kept in GRLIB_GEMM_LIMITS, so that
@@ -25,6 +29,8 @@ import os
 ENV = "GRLIB_ISA"
 MARK = "GRLIB_GEMM_LIMITS"  # the variables below that grlib set (comma-separated)
 LIMITS = {  # GRLIB_ISA -> the GEMM libraries' variables
+    "avx512_bf16": {"ONEDNN_MAX_CPU_ISA": "AVX512_CORE_BF16"},
+    "avx512": {"ONEDNN_MAX_CPU_ISA": "AVX512_CORE"},
     "avx2": {"ONEDNN_MAX_CPU_ISA": "AVX2", "MKL_ENABLE_INSTRUCTIONS": "AVX2"},
     "generic": {"ONEDNN_MAX_CPU_ISA": "SSE41", "MKL_ENABLE_INSTRUCTIONS": "SSE4_2"},
 }
@@ -37,7 +43,7 @@ def _ours(environ) -> set[str]:
 
 def limited_environ(path: str | None, environ=None) -> dict[str, str]:
     """`environ` (default os.environ) with the GEMM limits of grlib._C's path `path` (None or
-    "avx512": none), the user's own values kept."""
+    "amx": none), the user's own values kept."""
     env = dict(os.environ if environ is None else environ)
     ours = _ours(env)
     for var in ours:  # grlib's values for another path: cleared, then set anew

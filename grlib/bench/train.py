@@ -44,7 +44,7 @@ import statistics
 
 from grlib.bench.common import positive_int, print_table, set_threads, thread_columns
 from grlib.config import config_from_args
-from grlib.config.choices import MODEL_PRECISIONS
+from grlib.config.choices import ISA_PATHS, MODEL_PRECISIONS
 
 # torch, the model and the timing (grlib.bench.train_steps) are imported in run: `bench train --help`
 # answers without them (tests/test_cli_startup.py)
@@ -65,7 +65,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="model.precision of every row; MFU against the peaks of that dtype (default: fp32)")
     p.add_argument("--threads", type=positive_int, default=None,
                    help="torch threads (default: grlib's, see grlib.threads)")
-    p.add_argument("--isa", nargs="+", choices=["avx512", "avx2", "generic"], default=None,
+    p.add_argument("--isa", nargs="+", choices=ISA_PATHS, default=None,
                    help="grlib._C paths to run every row on, in this one run, alternating per row (default: the "
                         "current one: GRLIB_ISA, else the widest this CPU and build have; grlib.hardware.isa); "
                         "torch's GEMM libraries keep their own code (docs/HARDWARE.md)")

@@ -29,6 +29,7 @@ NEGATIVES_DATASETS = ("synthetic", "ml-100k")  # ablations.negatives.datasets
 EMBEDDING_OPTIMIZERS = ("lazy_adam", "adamw")  # train.embedding_optimizer
 
 # kernels
+ISA_PATHS = ("amx", "avx512_bf16", "avx512", "avx2", "generic")  # GRLIB_ISA, bench --isa (grlib.hardware.isa), widest first
 KERNEL_DTYPES = ("float32", "bfloat16")  # kernels.dtype
 REGIMES = ("truncated", "scaled")  # ablations.kernels.regimes: real lengths cut at max_len, or scaled to it
 

@@ -234,25 +234,31 @@ def plan(kc: KernelsConfig, ablation: KernelsAblation, batch: int | None = None)
 
 
 def measure(cfg, ablation: KernelsAblation, table: str, batch: int | None = None,
-            threads: int | None = None, isas: list[str] | None = None) -> list[dict]:
+            threads: int | None = None, isas: list[str] | None = None, dtypes: list[str] | None = None) -> list[dict]:
     """Runs the plan (one child process per row) on each of grlib._C's instruction-set paths `isas`
-    (grlib.hardware.isa; default: the current one), appends the rows to `table` and returns them.
-    Each row records its path (`isa`), the CPU model and the nominal peak at the path's vector width."""
+    (grlib.hardware.isa; default: the current one) in each of `dtypes` (default: kernels.dtype; the
+    dtypes of a spec run one after the other), appends the rows to `table` and returns them. Each row
+    records its path (`isa`), dtype, the CPU model and the nominal and measured GEMM peaks in its dtype
+    (at the path's vector width and units); with several dtypes, speedup_vs_float32 is the float32 row's
+    fwd_bwd_ms over this row's (the same op, implementation, regime, length and path)."""
     kc = cfg.kernels
     heads, head_dim = cfg.model.n_heads, cfg.model.d_model // cfg.model.n_heads
     isas = isas or [isa.current()]
+    dtypes = list(dict.fromkeys(dtypes or [kc.dtype]))
     for path in isas:
         with isa.use(path):  # an unavailable path: a ConfigError before any row
-            pass
-    before = matmul_peak_gflops(DTYPES[kc.dtype], threads)
+            if "bfloat16" in dtypes:
+                isa.require_bf16(f"bench kernels: the {path} path")
+    before = {dt: matmul_peak_gflops(DTYPES[dt], threads) for dt in dtypes}
     nominals = {}
     for path in isas:
         with isa.use(path):
-            nominals[path] = hardware.nominal_peak(kc.dtype, threads=threads or torch.get_num_threads())
+            for dt in dtypes:
+                nominals[path, dt] = hardware.nominal_peak(dt, threads=threads or torch.get_num_threads())
     rows = []
-    specs = [{**spec, "isa": path} for path in isas for spec in plan(kc, ablation, batch)]
+    specs = [{**spec, "isa": path, "dtype": dt} for path in isas for spec in plan(kc, ablation, batch) for dt in dtypes]
     for spec in progress.progress(specs, desc="bench kernels"):
-        spec = {"heads": heads, "head_dim": head_dim, "dtype": kc.dtype, "repeats": kc.repeats,
+        spec = {"heads": heads, "head_dim": head_dim, "repeats": kc.repeats,
                 "row_seconds": kc.row_seconds, "threads": threads or torch.get_num_threads(),
                 "seed": cfg.train.seed, **spec}
         with isa.use(spec["isa"]):  # the child inherits GRLIB_ISA
@@ -265,27 +271,30 @@ def measure(cfg, ablation: KernelsAblation, table: str, batch: int | None = None
         rows.append(row)
     # the higher of two readings, before and after the rows (as bench train): one reading taken
     # while other jobs held a core would lower the peak and raise every fraction
-    after = matmul_peak_gflops(DTYPES[kc.dtype], threads)
-    peak = max(before, after)
+    after = {dt: matmul_peak_gflops(DTYPES[dt], threads) for dt in dtypes}
     for row in rows:
+        dt = row["dtype"]
+        peak = max(before[dt], after[dt])
         row["frac_of_peak"] = row["gflops"] / peak
         row["frac_of_peak_on_cpu"] = row["gflops_on_cpu"] / peak
         row["matmul_peak_gflops"] = peak
-        row["matmul_peak_before_gflops"], row["matmul_peak_after_gflops"] = before, after
-        nominal = nominals[row["isa"]]
+        row["matmul_peak_before_gflops"], row["matmul_peak_after_gflops"] = before[dt], after[dt]
+        nominal = nominals[row["isa"], dt]
         row["frac_of_nominal"] = row["gflops"] * 1e9 / nominal.flops
         row["nominal_peak_gflops"] = nominal.flops / 1e9
         row["nominal_peak_how"] = nominal.how
-    _add_ratios(rows)
+    _add_ratios(rows, several_dtypes=len(dtypes) > 1)
     results.append_rows(table, rows, cfg)
     return rows
 
 
-def _add_ratios(rows: list[dict]) -> None:
-    base = {(r["op"], r["regime"], r["max_len"], r.get("isa")): r for r in rows
+def _add_ratios(rows: list[dict], several_dtypes: bool = False) -> None:
+    base = {(r["op"], r["regime"], r["max_len"], r.get("isa"), r["dtype"]): r for r in rows
             if r["impl"] == "reference" and not r["whole_batch"]}
+    fp32 = {(r["op"], r["impl"], r["regime"], r["max_len"], r.get("isa"), r["whole_batch"]): r for r in rows
+            if r["dtype"] == "float32"}
     for r in rows:
-        ref = base.get((r["op"], r["regime"], r["max_len"], r.get("isa")))  # the reference of the same path's run
+        ref = base.get((r["op"], r["regime"], r["max_len"], r.get("isa"), r["dtype"]))  # the same path's and dtype's
         comparable = ref is not None and not r["whole_batch"]
         r["speedup_vs_reference"] = ref["fwd_bwd_ms"] / r["fwd_bwd_ms"] if comparable else float("nan")
         r["mem_reduction_vs_reference"] = (1 - r["peak_mem_mb"] / ref["peak_mem_mb"]
@@ -294,6 +303,9 @@ def _add_ratios(rows: list[dict]) -> None:
         # its measured peak at the same max_len and regime (it is not run: it would not fit)
         r["reference_estimate_mb"] = (ref["peak_mem_mb"] / ref["batch"] * r["batch"]
                                       if ref is not None and r["whole_batch"] and ref["batch"] else float("nan"))
+        if several_dtypes:
+            same = fp32.get((r["op"], r["impl"], r["regime"], r["max_len"], r.get("isa"), r["whole_batch"]))
+            r["speedup_vs_float32"] = same["fwd_bwd_ms"] / r["fwd_bwd_ms"] if same is not None else float("nan")
 
 
 def matmul_peak_gflops(dtype: torch.dtype, threads: int | None = None) -> float:

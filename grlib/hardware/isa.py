@@ -3,14 +3,20 @@
 grlib._C holds each kernel compiled once per path (kernels/cpu/isa.h) and runs one of them, chosen
 when grlib.ops.cpu loads the extension:
 
-    avx512   64-byte vectors, register blocks for 32 zmm registers   flags avx512f avx512bw avx512dq avx512vl avx2 fma
-    avx2     32-byte vectors, register blocks for 16 ymm registers   flags avx2 fma
-    generic  16-byte vectors (SSE2 on x86-64), the same blocks as avx2  any CPU
+    amx          avx512, and bf16 attention products on the AMX tile unit   + flags avx512_bf16 amx_bf16 amx_tile
+    avx512_bf16  avx512, and bf16 attention products by vdpbf16ps          + flag avx512_bf16
+    avx512       64-byte vectors, register blocks for 32 zmm registers   flags avx512f avx512bw avx512dq avx512vl avx2 fma
+    avx2         32-byte vectors, register blocks for 16 ymm registers   flags avx2 fma
+    generic      16-byte vectors (SSE2 on x86-64), the same blocks as avx2  any CPU
 
-GRLIB_ISA=avx512|avx2|generic forces a path (an unavailable one is a ConfigError naming what the
-CPU has); unset, the widest path both the CPU and the build have runs. A build without AVX-512
-(GRLIB_ISA_BUILD=x86-64-v3, setup.py) has no avx512 path. Everything here reads /proc/cpuinfo's
-flags (about a millisecond), never a GEMM or a probe:
+amx and avx512_bf16 are the avx512 code with the CPU's bf16 units: they differ from avx512 only
+for bf16 inputs (kernels/cpu/hstu_attention_bf16.cpp); avx512 and below multiply bf16 inputs in
+float32. GRLIB_ISA=<path> forces a path (an unavailable one is a ConfigError naming what the
+CPU has); unset, the widest path both the CPU and the build have runs. Forcing a path makes the
+process the CPU that has only that path, oneDNN and MKL included (grlib.gemm_limits): avx512_bf16
+on an AMX Xeon runs as an AVX512-BF16 CPU without AMX (AMD Zen 4/5). A build without AVX-512
+(GRLIB_ISA_BUILD=x86-64-v3, setup.py) has none of the first three. Everything here reads
+/proc/cpuinfo's flags (about a millisecond), never a GEMM or a probe:
 
     selected()          -> "avx2"                 the path this process runs (GRLIB_ISA or the widest)
     current()           -> "avx2"                 the path grlib._C runs now
@@ -21,8 +27,8 @@ flags (about a millisecond), never a GEMM or a probe:
 
 bf16 mode (model.precision=bf16) multiplies bf16 copies through oneDNN, whose bf16 GEMMs need
 AVX512-BF16 (or AMX-BF16); on a CPU without them oneDNN fails to create its primitive (a crash
-after minutes of other work). A forced path below avx512 counts as a CPU without them, so that an
-AVX-512 machine runs the suite as an AVX2-only CPU would.
+after minutes of other work). A forced path below avx512_bf16 counts as a CPU without them, so that
+an AVX-512 machine runs the suite as an AVX2-only (or AVX-512 without bf16) CPU would.
 """
 from __future__ import annotations
 
@@ -34,12 +40,15 @@ from pathlib import Path
 from collections.abc import Iterator
 
 from grlib.config import ConfigError
+from grlib.config.choices import ISA_PATHS
 
-ISAS = ("avx512", "avx2", "generic")  # widest first
+ISAS = ISA_PATHS  # widest first
+BF16_PATHS = ("amx", "avx512_bf16")  # the paths with bf16 units
 ENV = "GRLIB_ISA"
-NEEDS = {"avx512": ("avx512f", "avx512bw", "avx512dq", "avx512vl", "avx2", "fma"),
-         "avx2": ("avx2", "fma"), "generic": ()}
-VECTOR_BYTES = {"avx512": 64, "avx2": 32, "generic": 16}  # of the kernels' vectors (and the nominal peak's)
+_AVX512 = ("avx512f", "avx512bw", "avx512dq", "avx512vl", "avx2", "fma")
+NEEDS = {"amx": (*_AVX512, "avx512_bf16", "amx_bf16", "amx_tile"), "avx512_bf16": (*_AVX512, "avx512_bf16"),
+         "avx512": _AVX512, "avx2": ("avx2", "fma"), "generic": ()}
+VECTOR_BYTES = {"amx": 64, "avx512_bf16": 64, "avx512": 64, "avx2": 32, "generic": 16}  # of the kernels' vectors (and the nominal peak's)
 BF16_FLAGS = ("avx512_bf16", "amx_bf16")  # either runs oneDNN's bf16 GEMMs
 # ONEDNN_MAX_CPU_ISA values at or above AVX512_CORE_BF16 (oneDNN's names): a lower one refuses bf16 GEMMs
 ONEDNN_BF16_ISAS = frozenset({"ALL", "DEFAULT", "AVX512_CORE_BF16", "AVX512_CORE_FP16", "AVX512_CORE_AMX",
@@ -129,15 +138,13 @@ def selected_by_flags() -> str:
 def bf16_missing() -> str | None:
     """Why bf16 GEMMs cannot run in this process, or None when they can (module doc)."""
     path = selected_by_flags()
-    if path != "avx512":
+    if path not in BF16_PATHS:
         if any(f in cpu_flags() for f in BF16_FLAGS) and os.environ.get(ENV):
             return (f"{ENV}={path} runs this process as a CPU without avx512_bf16 (bf16 GEMMs need "
-                    f"avx512_bf16 or amx_bf16 and the avx512 path)")
-        return f"bf16 GEMMs (oneDNN) need the CPU flag avx512_bf16 or amx_bf16; {_describe_cpu()}"
-    if not any(f in cpu_flags() for f in BF16_FLAGS):
+                    f"avx512_bf16 or amx_bf16: the amx or avx512_bf16 path)")
         return f"bf16 GEMMs (oneDNN) need the CPU flag avx512_bf16 or amx_bf16; {_describe_cpu()}"
     limit = os.environ.get("ONEDNN_MAX_CPU_ISA", "").strip().upper()
-    if limit and limit not in ONEDNN_BF16_ISAS:  # set by the user (grlib sets it only below avx512)
+    if limit and limit not in ONEDNN_BF16_ISAS:  # set by the user (grlib sets it only below avx512_bf16)
         return (f"ONEDNN_MAX_CPU_ISA={limit} limits oneDNN below AVX512_CORE_BF16, so its bf16 GEMMs cannot run "
                 f"(unset it, or set one of {', '.join(sorted(ONEDNN_BF16_ISAS))})")
     return None

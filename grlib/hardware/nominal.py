@@ -108,7 +108,11 @@ def vector_units(info: CpuInfo, path: str | None = None) -> VectorUnits:
     """FLOP per cycle per core from the flags and the vendor / family / model (module doc), at the
     vector width of grlib._C's instruction-set path `path` (grlib.hardware.isa; None: the flags')."""
     f = info.flags
-    if path is not None and path != "avx512":  # the path's own vectors: avx2 32 bytes, generic 16
+    if path == "avx512_bf16":  # an AVX512-BF16 CPU without AMX
+        f = f - {"amx_bf16"}
+    elif path == "avx512":  # an AVX-512 CPU without bf16 units
+        f = f - {"avx512_bf16", "amx_bf16"}
+    elif path is not None and path != "amx":  # the path's own vectors: avx2 32 bytes, generic 16
         f = f - {"avx512f", "avx512_bf16", "amx_bf16"}
         if path == "generic":
             f = f - {"avx", "avx2", "fma"}

@@ -78,6 +78,15 @@ at::Tensor forward(const Args& a, double alpha);
 void backward(const char* op, int64_t mode, const Args& a, double alpha, const at::Tensor& grad, at::Tensor& dq,
               at::Tensor& dk, at::Tensor& dv, at::Tensor& dpos, at::Tensor& dtime);
 
+#if GRLIB_VBYTES == 64
+// bf16 inputs on the CPU's bf16 units (isa.h's units: AMX or AVX512-BF16; hstu_attention_bf16.cpp):
+// whether a call takes that path, and its forward and backward (the contracts of forward / backward).
+bool on_bf16_units(const Args& a);
+at::Tensor forward_bf16(const Args& a, double alpha);
+void backward_bf16(const char* op, int64_t mode, const Args& a, double alpha, const at::Tensor& grad, at::Tensor& dq,
+                   at::Tensor& dk, at::Tensor& dv, at::Tensor& dpos, at::Tensor& dtime);
+#endif
+
 // ---- packing -------------------------------------------------------------------------------------
 
 // n rows of a [T, H, D] tensor (row stride `stride`) -> dst [n, Dp] (times `scale`; of SiLU(x)

@@ -258,6 +258,9 @@ void run_backward(const char* op, int64_t mode, const Args& a, double alpha, con
 
 void backward(const char* op, int64_t mode, const Args& a, double alpha, const at::Tensor& grad, at::Tensor& dq,
               at::Tensor& dk, at::Tensor& dv, at::Tensor& dpos, at::Tensor& dtime) {
+#if GRLIB_VBYTES == 64
+  if (on_bf16_units(a)) return backward_bf16(op, mode, a, alpha, grad, dq, dk, dv, dpos, dtime);
+#endif
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, a.q.scalar_type(), "hstu_attention_backward", [&] {
     run_backward<scalar_t>(op, mode, a, alpha, grad, dq, dk, dv, dpos, dtime);
   });

@@ -72,6 +72,9 @@ at::Tensor forward_impl(const Args& a, double alpha_in) {
 }  // namespace
 
 at::Tensor forward(const Args& a, double alpha) {
+#if GRLIB_VBYTES == 64
+  if (on_bf16_units(a)) return forward_bf16(a, alpha);
+#endif
   at::Tensor out;
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, a.q.scalar_type(), "hstu_attention", [&] {
     out = forward_impl<scalar_t>(a, alpha);

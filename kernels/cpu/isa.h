@@ -25,6 +25,8 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cerrno>
+#include <string>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -34,7 +36,10 @@
 #include <utility>
 #include <vector>
 #if defined(__x86_64__)
+#include <cpuid.h>
 #include <immintrin.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 #define GRLIB_X86 1
 #else
 #define GRLIB_X86 0
@@ -76,10 +81,66 @@ inline int widest() {
 
 inline std::atomic<int> current_path{-1};
 
+// bf16 units of the avx512 path (the bf16 attention, hstu_attention_bf16.cpp): NONE converts bf16 to
+// float32 and multiplies in float32 (every other path too); DPBF16 multiplies bf16 pairs with
+// vdpbf16ps (AVX512-BF16: AMD Zen 4/5, Intel since Cooper Lake); AMX with the AMX-BF16 tile unit
+// (Intel Xeon since Sapphire Rapids). The names grlib.hardware.isa gives the avx512 path with them:
+// "avx512", "avx512_bf16", "amx".
+enum Units : int { NONE = 0, DPBF16 = 1, AMX = 2 };
+inline constexpr const char* PATH_NAMES[] = {"avx512", "avx512_bf16", "amx"};
+
+// cpuid: leaf 7 subleaf 1 EAX bit 5 AVX512_BF16; leaf 7 subleaf 0 EDX bit 22 AMX-BF16, bit 24 AMX-TILE
+inline bool cpu_has_units(int u) {
+  if (u == NONE) return true;
+#if GRLIB_X86
+  if (!cpu_has(AVX512)) return false;
+  unsigned a, b, c, d;
+  if (u == DPBF16) return __get_cpuid_count(7, 1, &a, &b, &c, &d) && (a >> 5 & 1);
+  if (u == AMX)
+    return cpu_has_units(DPBF16) && __get_cpuid_count(7, 0, &a, &b, &c, &d) && (d >> 22 & 1) && (d >> 24 & 1);
+#endif
+  return false;
+}
+
+// Linux hands out AMX tile data only to a process that asks (arch_prctl ARCH_REQ_XCOMP_PERM,
+// XFEATURE_XTILEDATA), once; without it the first tile instruction kills the process (SIGILL).
+// Returns "" when granted, else why not.
+inline std::string request_amx() {
+#if GRLIB_X86 && defined(__linux__)
+  static const std::string answer = [] {
+    constexpr long ARCH_REQ_XCOMP_PERM = 0x1023, XFEATURE_XTILEDATA = 18;
+    if (syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) == 0) return std::string();
+    return "arch_prctl(ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) failed: " + std::string(std::strerror(errno));
+  }();
+  return answer;
+#else
+  return "AMX tiles need Linux on x86-64";
+#endif
+}
+
+inline std::atomic<int> current_units{-1};
+
+inline bool built_units(int u) { return u == NONE || GRLIB_BUILD_AVX512; }
+
+// The widest units this CPU and build have (AMX only where Linux grants its tile data).
+inline int widest_units() {
+  if (built_units(AMX) && cpu_has_units(AMX) && request_amx().empty()) return AMX;
+  if (built_units(DPBF16) && cpu_has_units(DPBF16)) return DPBF16;
+  return NONE;
+}
+
 inline int current() {
   int p = current_path.load(std::memory_order_relaxed);
   if (p < 0) current_path.store(p = widest(), std::memory_order_relaxed);
   return p;
+}
+
+// The bf16 units the kernels use now: none off the avx512 path.
+inline int units() {
+  if (current() != AVX512) return NONE;
+  int u = current_units.load(std::memory_order_relaxed);
+  if (u < 0) current_units.store(u = widest_units(), std::memory_order_relaxed);
+  return u;
 }
 
 // fn of the current path (F512, F2, F1: the avx512, avx2, generic builds of one function).

@@ -10,6 +10,7 @@
 #undef GRLIB_HSTU_SILU_BIAS_H
 #undef GRLIB_HSTU_TASKS_H
 #undef GRLIB_HSTU_TILES_H
+#undef GRLIB_HSTU_BF16_TILES_H
 
 #if GRLIB_BUILD_AVX512
 #pragma GCC push_options
@@ -23,6 +24,7 @@
 #undef GRLIB_HSTU_SILU_BIAS_H
 #undef GRLIB_HSTU_TASKS_H
 #undef GRLIB_HSTU_TILES_H
+#undef GRLIB_HSTU_BF16_TILES_H
 #pragma GCC pop_options
 #endif
 
@@ -38,6 +40,7 @@
 #undef GRLIB_HSTU_SILU_BIAS_H
 #undef GRLIB_HSTU_TASKS_H
 #undef GRLIB_HSTU_TILES_H
+#undef GRLIB_HSTU_BF16_TILES_H
 #pragma GCC pop_options
 #endif
 

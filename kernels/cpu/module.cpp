@@ -22,30 +22,51 @@ TORCH_LIBRARY(grlib, m) {
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.doc() = "grlib compiled CPU kernels; the ops live in torch.ops.grlib";
-  // the instruction-set paths (isa.h; selection in grlib.hardware.isa)
-  m.def("isa", [] { return std::string(grlib::isa::NAMES[grlib::isa::current()]); },
-        "the path every op of grlib._C runs now");
-  m.def("isa_paths", [] {
+  // the instruction-set paths (isa.h; selection in grlib.hardware.isa): the avx512 path is named by
+  // its bf16 units ("amx", "avx512_bf16", "avx512"), the others by themselves
+  namespace isa = grlib::isa;
+  struct Named {
+    std::string name;
+    int path, units;
+  };
+  auto all = [] {
+    std::vector<Named> out;  // widest first
+    for (int u = isa::AMX; u >= isa::NONE; --u) out.push_back({isa::PATH_NAMES[u], isa::AVX512, u});
+    for (int p = isa::AVX2; p >= isa::GENERIC; --p) out.push_back({isa::NAMES[p], p, isa::NONE});
+    return out;
+  };
+  m.def("isa", [] {
+    return std::string(isa::current() == isa::AVX512 ? isa::PATH_NAMES[isa::units()] : isa::NAMES[isa::current()]);
+  }, "the path every op of grlib._C runs now");
+  m.def("isa_paths", [all] {
     std::vector<std::string> out;
-    for (int p = grlib::isa::AVX512; p >= grlib::isa::GENERIC; --p)
-      if (grlib::isa::built(p)) out.emplace_back(grlib::isa::NAMES[p]);
+    for (const Named& n : all())
+      if (isa::built(n.path) && isa::built_units(n.units)) out.push_back(n.name);
     return out;
   }, "the paths compiled into this build, widest first");
-  m.def("isa_cpu_paths", [] {
+  m.def("isa_cpu_paths", [all] {
     std::vector<std::string> out;
-    for (int p = grlib::isa::AVX512; p >= grlib::isa::GENERIC; --p)
-      if (grlib::isa::cpu_has(p)) out.emplace_back(grlib::isa::NAMES[p]);
+    for (const Named& n : all())
+      if (isa::cpu_has(n.path) && isa::cpu_has_units(n.units)) out.push_back(n.name);
     return out;
   }, "the paths this CPU runs (cpuid), widest first");
-  m.def("set_isa", [](const std::string& name) {
-    for (int p = grlib::isa::GENERIC; p <= grlib::isa::AVX512; ++p)
-      if (name == grlib::isa::NAMES[p]) {
-        TORCH_CHECK(grlib::isa::built(p), "set_isa: this build of grlib._C has no ", name, " path");
-        TORCH_CHECK(grlib::isa::cpu_has(p), "set_isa: this CPU cannot run the ", name, " path");
-        grlib::isa::current_path.store(p);
+  m.def("set_isa", [all](const std::string& name) {
+    for (const Named& n : all())
+      if (name == n.name) {
+        TORCH_CHECK(isa::built(n.path) && isa::built_units(n.units), "set_isa: this build of grlib._C has no ", name,
+                    " path");
+        TORCH_CHECK(isa::cpu_has(n.path) && isa::cpu_has_units(n.units), "set_isa: this CPU cannot run the ", name,
+                    " path");
+        if (n.units == isa::AMX) {
+          const std::string why = isa::request_amx();
+          TORCH_CHECK(why.empty(), "set_isa: the amx path needs Linux's permission to use AMX tile data, refused: ",
+                      why, " (GRLIB_ISA=avx512_bf16 runs without AMX)");
+        }
+        isa::current_path.store(n.path);
+        isa::current_units.store(n.units);
         return;
       }
-    TORCH_CHECK(false, "set_isa: unknown path '", name, "' (avx512, avx2, generic)");
+    TORCH_CHECK(false, "set_isa: unknown path '", name, "' (amx, avx512_bf16, avx512, avx2, generic)");
   }, "runs every op of grlib._C on the named path from now on");
   m.attr("openmp") =
 #ifdef _OPENMP

@@ -1,0 +1,460 @@
+// bf16 jagged HSTU attention on the CPU's bf16 units (the avx512 path with AMX or AVX512-BF16;
+// isa.h's units): the same tasks and tiles as the float32 kernels (design: hstu_attention.h), with
+// every tile product in bf16 x bf16 -> float32 (hstu_bf16_tiles.h). What stays float32: the score and
+// dL/dweight tiles the products give, alpha, the biases, SiLU and SiLU' and their gradients (the
+// same vector code as the float32 kernels), every accumulator (O, dQ, dK^T, dV^T) and the bias
+// gradients. What is rounded to bf16 for a product (round to nearest even), as flash attention does:
+// the attention weights W and dL/dscores dS of a tile, SiLU(q), SiLU(k), SiLU(v) in the fused uvqk op.
+//
+// Layouts (Dk, Dvk: D, Dv rounded up to 32; Lp: the longest sequence rounded up to BLK):
+//
+//   forward, per task (a sequence and head, or one query tile of it):
+//     KT  [Dk / 2, Lp] bf16 pairs   every key's features (B of S = Q K^T)
+//     VP  [Lp / 2, Dvk, 2]          V's rows in pairs (B of O += W V)
+//     per query tile: Q [BLK, Dk]; S [BLK, BLK] float32 -> W [BLK, BLK] bf16; O [BLK, Dvk] float32
+//   backward, per (sequence, head) (one pass) or per query tile (dq pass) and key tile (dk/dv pass):
+//     S = Q K^T, dW = dO V^T (float32) -> W, dS (float32) -> dS bf16 [query, key] and W, dS in pairs of
+//     query rows, so that dQ += dS K (B: K's rows in pairs), dV^T += dO^T W and dK^T += Q^T dS
+//     (A: Q^T, dO^T [D, queries], transposed once per sequence or tile).
+// alpha scales S in float32 (q is multiplied raw) and dQ, dK as they are written.
+#include "hstu_attention.h"
+#include "hstu_bf16_tiles.h"
+#include "isa.h"
+
+#if !defined(GRLIB_ISA_NS)  // once per path (isa.h); code on the avx512 path only
+#define GRLIB_ISA_SELF "hstu_attention_bf16.cpp"
+#include "isa_paths.h"
+
+#elif GRLIB_VBYTES == 64
+#pragma GCC push_options
+#pragma GCC target("avx512bf16,amx-tile,amx-bf16")
+namespace GRLIB_ISA_NS::hstu {
+namespace {
+
+using bf16::bf;
+using bf16::Gemm;
+using T = float;
+using scalar_t = at::BFloat16;
+
+inline const bf* bits(const scalar_t* p) { return reinterpret_cast<const bf*>(p); }
+
+// Per-worker scratch carved into float32 and bf16 regions (sizes in elements, each rounded to 16 floats).
+struct Carve {
+  float* at;
+  float* f32(int64_t n) {
+    float* p = at;
+    at += round_up(n, 16);
+    return p;
+  }
+  bf* b16(int64_t n) { return reinterpret_cast<bf*>(f32((n + 1) / 2)); }
+  static int64_t floats(std::initializer_list<int64_t> f32s, std::initializer_list<int64_t> b16s) {
+    int64_t n = 0;
+    for (int64_t x : f32s) n += round_up(x, 16);
+    for (int64_t x : b16s) n += round_up((x + 1) / 2, 16);
+    return n;
+  }
+};
+
+// n rows of a [T, H, D] bf16 tensor (row stride `stride`) -> dst [rows, ld] bf16: copied, or SiLU'd in
+// float32 and rounded when `act`; zero past D and from row n to `rows`.
+void pack(const scalar_t* src, int64_t stride, int64_t n, int64_t rows, int64_t D, int64_t ld, bool act, bf* dst,
+          float* tmp) {
+  for (int64_t r = 0; r < n; ++r) {
+    if (r + PACK_AHEAD < n) __builtin_prefetch(src + (r + PACK_AHEAD) * stride, 0, 3);
+    const bf* s = bits(src + r * stride);
+    bf* d = dst + r * ld;
+    if (act) {
+      bf16::widen_row(s, tmp, D);
+      silu_row(tmp, tmp, D, T(1));
+      bf16::round_row(tmp, d, D);
+    } else {
+      std::memcpy(d, s, D * sizeof(bf));
+    }
+    std::fill(d + D, d + ld, bf(0));
+  }
+  std::fill(dst + n * ld, dst + rows * ld, bf(0));
+}
+
+// dst [C, ldd] = src [R, lds]^T for bf16 (R, C: multiples of 32)
+void transpose(const bf* src, int64_t lds, int64_t R, int64_t C, bf* dst, int64_t ldd) {
+  for (int64_t r0 = 0; r0 < R; r0 += 32)
+    for (int64_t c0 = 0; c0 < C; c0 += 32)
+      for (int64_t c = c0; c < c0 + 32; ++c)
+        for (int64_t r = r0; r < r0 + 32; ++r) dst[c * ldd + r] = src[r * lds + c];
+}
+
+// rows [BLK, E] = cols [E, BLK]^T for float32 (E a multiple of 16)
+void rows_of(const float* cols, int64_t E, float* rows) {
+  for (int64_t e = 0; e < E; e += 16)
+    for (int64_t c = 0; c < BLK; c += 16) transpose16(cols + e * BLK + c, BLK, rows + c * E + e, E);
+}
+
+// One gradient row in bf16: dst[e] = scale * val[e] (times SiLU'(pre[e]) for pre-activations), in float32.
+void write_grad_b(scalar_t* dst, const float* val, int64_t n, T scale, const scalar_t* pre, float* tmp) {
+  if (pre) {
+    bf16::widen_row(bits(pre), tmp, n);
+    silu_grad_row(val, tmp, tmp, n, scale);
+  } else {
+    for (int64_t e = 0; e < n; ++e) tmp[e] = scale * val[e];
+  }
+  bf16::round_row(tmp, reinterpret_cast<bf*>(dst), n);
+}
+
+// A task's bias-gradient partials: the reversed position table and the bucket columns (as the
+// float32 one-pass backward).
+struct BiasAcc {
+  const Args& a;
+  BucketColumns<T> cols;
+  T *gposr, *gpos, *gtime;
+  void clear() {
+    cols.clear();
+    std::fill(gposr, gposr + a.P, T(0));
+  }
+  // row of dL/dscores ds[0, valid) of query i against keys j0 + c
+  void add(const T* ds, int64_t i, int64_t j0, int64_t valid, const int64_t* tsk, int64_t tsi, const TimeRuns& runs) {
+    const int64_t P = a.P;
+    if (a.has_pos) {  // i - j = (i - j0) - c: the first keys may share the last bucket
+      const int64_t tail = std::min(valid, std::max<int64_t>(0, i - j0 - (P - 1) + 1));
+      cols.add(a.Bt, ds, 0, tail);
+      T* __restrict gr = gposr;
+      for (int64_t c = tail; c < valid; ++c) gr[P - 1 - (i - j0) + c] += ds[c];
+    }
+    if (tsk) add_time_grads(ds, tsk, tsi, 0, valid, a.Bt, gtime, runs, cols);
+  }
+  void flush() {
+    if (a.has_pos) {
+      for (int64_t d = 0; d < a.P - 1; ++d) gpos[d] += gposr[a.P - 1 - d];
+      gpos[a.P - 1] += cols.sum(a.Bt);
+    }
+    if (a.has_time)
+      for (int64_t b = 0; b < a.Bt; ++b) gtime[b] += cols.sum(b);
+  }
+};
+
+// The weights of a score tile S [query r, key c] (float32, row stride BLK): alpha, biases, SiLU / n in
+// place for c < valid(r); then rounded to bf16 into W [Mq, BLK] (zero past valid, through Kk columns,
+// and in rows nq .. Mq).
+void weights(T* S, bf* W, int64_t i0, int64_t j0, int64_t nq, int64_t nk, int64_t Mq, int64_t Kk,
+             const Pass<scalar_t>& p, const Bias<T>& bias) {
+  const int64_t* tsk = bias.ts ? bias.ts + j0 : nullptr;
+  for (int64_t r = 0; r < nq; ++r) {
+    const int64_t i = i0 + r, valid = std::min(nk, i - j0 + 1);
+    T* __restrict s = S + r * BLK;
+    for (int64_t c = 0; c < valid; ++c) s[c] *= p.alpha;
+    add_bias<-1>(s, 0, valid, i - j0, bias, tsk, bias.ts ? bias.ts[i] : 0);
+    silu_scale(s, 0, valid, p.inv_n);
+    bf16::round_row(s, W + r * BLK, valid);
+    std::fill(W + r * BLK + valid, W + r * BLK + Kk, bf(0));
+  }
+  for (int64_t r = nq; r < Mq; ++r) std::fill(W + r * BLK, W + r * BLK + Kk, bf(0));
+}
+
+// The backward of a score tile: S [query, key] <- weights, dW <- dL/dscores (float32, in place, zero
+// for valid(r) <= c < Nk), their bias gradients into acc (when given); dS rounded to bf16 into dSb
+// [Mq, BLK] (zero past valid through Kk, rows nq .. Mq zero).
+void tile_backward(T* S, T* dW, bf* dSb, int64_t i0, int64_t j0, int64_t nq, int64_t nk, int64_t Mq, int64_t Nk,
+                   int64_t Kk, const Pass<scalar_t>& p, const Bias<T>& bias, BiasAcc* acc) {
+  const int64_t* tsk = bias.ts ? bias.ts + j0 : nullptr;
+  for (int64_t r = 0; r < nq; ++r) {
+    const int64_t i = i0 + r, valid = std::min(nk, i - j0 + 1), tsi = bias.ts ? bias.ts[i] : 0;
+    T* __restrict s = S + r * BLK;
+    T* __restrict ds = dW + r * BLK;
+    for (int64_t c = 0; c < valid; ++c) s[c] *= p.alpha;
+    TimeRuns runs;
+    add_bias<-1>(s, 0, valid, i - j0, bias, tsk, tsi, &runs);
+    silu_both<T>(s, ds, 0, valid, p.inv_n);
+    std::fill(s + valid, s + Nk, T(0));
+    std::fill(ds + valid, ds + Nk, T(0));
+    if (acc) acc->add(ds, i, j0, valid, tsk, tsi, runs);
+    if (dSb) {
+      bf16::round_row(ds, dSb + r * BLK, valid);
+      std::fill(dSb + r * BLK + valid, dSb + r * BLK + Kk, bf(0));
+    }
+  }
+  if (dSb)
+    for (int64_t r = nq; r < Mq; ++r) std::fill(dSb + r * BLK, dSb + r * BLK + Kk, bf(0));
+}
+
+struct Sizes {
+  int64_t D, Dv, Dk, Dvk, X;  // X: the longer of Dk, Dvk (row buffers)
+  explicit Sizes(const Args& a)
+      : D(a.D), Dv(a.Dv), Dk(round_up(a.D, 32)), Dvk(round_up(a.Dv, 32)), X(std::max({Dk, Dvk, BLK})) {}
+};
+
+// A key tile's operands: KT (pairs of features, B of Q K^T), KP (rows in pairs, B of dS K), VT (B of
+// dO V^T); Kb, Vb the packed rows.
+struct KeyTile {
+  bf *Kb, *Vb, *KT, *KP, *VT;
+  void pack(const Args& a, const Sizes& z, int64_t row0, int64_t h, int64_t nk, float* tmp) {
+    hstu::pack(a.k.data_ptr<scalar_t>() + row0 * a.rk + h * z.D, a.rk, nk, BLK, z.D, z.Dk, a.act, Kb, tmp);
+    hstu::pack(a.v.data_ptr<scalar_t>() + row0 * a.rv + h * z.Dv, a.rv, nk, BLK, z.Dv, z.Dvk, a.act, Vb, tmp);
+    bf16::transpose32(Kb, z.Dk, BLK, z.Dk / 2, KT, 2 * BLK);
+    if (KP) bf16::pair_rows(Kb, z.Dk, BLK, z.Dk, KP);
+    bf16::transpose32(Vb, z.Dvk, BLK, z.Dvk / 2, VT, 2 * BLK);
+  }
+};
+
+// ---- forward -----------------------------------------------------------------------------------
+
+at::Tensor forward_impl(const Args& a, double alpha_in) {
+  const Pass<scalar_t> p(a, alpha_in);
+  const Sizes z(a);
+  const Gemm gemm{::grlib::isa::units() == ::grlib::isa::AMX};
+  auto out = at::empty({a.T, a.H, a.Dv}, a.q.options());
+  const scalar_t *q = a.q.data_ptr<scalar_t>(), *k = a.k.data_ptr<scalar_t>(), *v = a.v.data_ptr<scalar_t>();
+  scalar_t* y = out.data_ptr<scalar_t>();
+  std::vector<Task> tasks = sequence_tasks(p.o, a.B, a.H);
+  const bool per_sequence = sequence_tasks_balance(tasks);
+  if (!per_sequence) tasks = make_tasks(p.o, a.B, a.H, /*by_key=*/false);
+  int64_t longest = 0;
+  for (int64_t b = 0; b < a.B; ++b) longest = std::max(longest, p.o[b + 1] - p.o[b]);
+  const int64_t workers = p.workers(tasks.size()), Lp = round_up(longest, BLK);
+  const int64_t per = Carve::floats({BLK * BLK, BLK * z.Dvk, z.X},
+                                    {Lp * z.Dk, Lp * z.Dk, Lp * z.Dvk, Lp * z.Dvk, BLK * z.Dk, BLK * BLK});
+  auto bufs = scratch<float>(workers, per);
+  run_tasks(tasks, workers, [&](int64_t w, const Task& t) {
+    Carve cv{bufs[w].data()};
+    T *S = cv.f32(BLK * BLK), *O = cv.f32(BLK * z.Dvk), *tmp = cv.f32(z.X);
+    bf *Kb = cv.b16(Lp * z.Dk), *KT = cv.b16(Lp * z.Dk), *Vb = cv.b16(Lp * z.Dvk), *VP = cv.b16(Lp * z.Dvk);
+    bf *Qb = cv.b16(BLK * z.Dk), *W = cv.b16(BLK * BLK);
+    const int64_t base = p.o[t.b], L = p.o[t.b + 1] - base;
+    const int64_t tile0 = per_sequence ? 0 : t.blk, tile1 = per_sequence ? (L + BLK - 1) / BLK : t.blk + 1;
+    const int64_t keys = std::min(L, tile1 * BLK), Kr = round_up(keys, BLK);
+    const Bias<T> bias = p.bias(t.b, t.h);
+    gemm.begin();
+    pack(k + base * a.rk + t.h * z.D, a.rk, keys, Kr, z.D, z.Dk, a.act, Kb, tmp);
+    bf16::transpose32(Kb, z.Dk, Kr, z.Dk / 2, KT, 2 * Lp);  // KT [Dk / 2, Lp] pairs
+    pack(v + base * a.rv + t.h * z.Dv, a.rv, keys, Kr, z.Dv, z.Dvk, a.act, Vb, tmp);
+    bf16::pair_rows(Vb, z.Dvk, Kr, z.Dvk, VP);  // VP [Kr / 2, Dvk, 2]
+    for (int64_t i0 = tile0 * BLK; i0 < tile1 * BLK; i0 += BLK) {
+      const int64_t nq = std::min(BLK, L - i0), Mq = round_up(nq, 16);
+      pack(q + (base + i0) * a.rq + t.h * z.D, a.rq, nq, Mq, z.D, z.Dk, a.act, Qb, tmp);
+      std::fill(O, O + Mq * z.Dvk, T(0));
+      for (int64_t j0 = 0; j0 < i0 + nq; j0 += BLK) {
+        const int64_t nk = std::min(BLK, i0 + nq - j0), Nk = round_up(nk, 16), Kk = round_up(nk, 32);
+        gemm(Mq, Nk, z.Dk, Qb, z.Dk, KT + 2 * j0, 2 * Lp, S, BLK, false);  // S [query, key] = q . k
+        weights(S, W, i0, j0, nq, nk, Mq, Kk, p, bias);
+        gemm(Mq, z.Dvk, Kk, W, BLK, VP + j0 * z.Dvk, 2 * z.Dvk, O, z.Dvk, true);  // O += W V
+      }
+      for (int64_t r = 0; r < nq; ++r)
+        bf16::round_row(O + r * z.Dvk, reinterpret_cast<bf*>(y + (base + i0 + r) * p.hsv + t.h * z.Dv), z.Dv);
+    }
+    gemm.end();
+  });
+  return out;
+}
+
+// ---- backward ----------------------------------------------------------------------------------
+
+// Writes a key tile's dK (from dK^T, times alpha) and dV (from dV^T) rows.
+struct KeyGrads {
+  T *dKT, *dVT, *rows, *tmp;
+  void clear(const Sizes& z) {
+    std::fill(dKT, dKT + z.Dk * BLK, T(0));
+    std::fill(dVT, dVT + z.Dvk * BLK, T(0));
+  }
+  void write(const Args& a, const Sizes& z, const Pass<scalar_t>& p, int64_t row0, int64_t h, int64_t nk,
+             at::Tensor& dk, at::Tensor& dv) {
+    const scalar_t *k = a.k.data_ptr<scalar_t>(), *v = a.v.data_ptr<scalar_t>();
+    scalar_t *gk = dk.data_ptr<scalar_t>(), *gv = dv.data_ptr<scalar_t>();
+    const int64_t ok = dk.stride(0), ov = dv.stride(0);
+    rows_of(dKT, z.Dk, rows);
+    for (int64_t c = 0; c < nk; ++c)
+      write_grad_b(gk + (row0 + c) * ok + h * z.D, rows + c * z.Dk, z.D, p.alpha,
+                   a.act ? k + (row0 + c) * a.rk + h * z.D : nullptr, tmp);
+    rows_of(dVT, z.Dvk, rows);
+    for (int64_t c = 0; c < nk; ++c)
+      write_grad_b(gv + (row0 + c) * ov + h * z.Dv, rows + c * z.Dvk, z.Dv, T(1),
+                   a.act ? v + (row0 + c) * a.rv + h * z.Dv : nullptr, tmp);
+  }
+};
+
+void write_dq(const Args& a, const Sizes& z, const Pass<scalar_t>& p, const T* dQ, int64_t row0, int64_t h,
+              int64_t n, at::Tensor& dq, float* tmp) {
+  const scalar_t* q = a.q.data_ptr<scalar_t>();
+  scalar_t* gq = dq.data_ptr<scalar_t>();
+  for (int64_t r = 0; r < n; ++r)
+    write_grad_b(gq + (row0 + r) * dq.stride(0) + h * z.D, dQ + r * z.Dk, z.D, p.alpha,
+                 a.act ? q + (row0 + r) * a.rq + h * z.D : nullptr, tmp);
+}
+
+// One pass per (sequence, head) (the float32 backward_single's order of tiles).
+void backward_single(const Args& a, double alpha_in, const at::Tensor& grad, at::Tensor& dq, at::Tensor& dk,
+                     at::Tensor& dv, at::Tensor& dpos, at::Tensor& dtime, const Gemm& gemm) {
+  const Pass<scalar_t> p(a, alpha_in);
+  const Sizes z(a);
+  const scalar_t *q = a.q.data_ptr<scalar_t>(), *g = grad.data_ptr<scalar_t>();
+  const int64_t rg = grad.stride(0);
+  const std::vector<Task> tasks = sequence_tasks(p.o, a.B, a.H);
+  int64_t longest = 0;
+  for (int64_t b = 0; b < a.B; ++b) longest = std::max(longest, p.o[b + 1] - p.o[b]);
+  const int64_t workers = p.workers(tasks.size()), Lp = round_up(longest, BLK);
+  const int64_t per = Carve::floats(
+      {Lp * z.Dk, z.Dk * BLK, z.Dvk * BLK, BLK * z.X, z.X, BLK * BLK, BLK * BLK, (a.Bt + 1) * BLK, a.P},
+      {Lp * z.Dk, z.Dk * Lp, Lp * z.Dvk, z.Dvk * Lp, BLK * z.Dk, BLK * z.Dk, BLK * z.Dk, BLK * z.Dvk, BLK * z.Dvk,
+       BLK * BLK, BLK * BLK, BLK * BLK});
+  auto bufs = scratch<float>(workers, per);
+  BiasGrads<T> bias_grads(tasks.size(), a.P, a.Bt);
+  run_tasks(tasks, workers, [&](int64_t w, const Task& t) {
+    Carve cv{bufs[w].data()};
+    T* dQ = cv.f32(Lp * z.Dk);
+    KeyGrads kg{cv.f32(z.Dk * BLK), cv.f32(z.Dvk * BLK), cv.f32(BLK * z.X), cv.f32(z.X)};
+    T *S = cv.f32(BLK * BLK), *dW = cv.f32(BLK * BLK);
+    const int64_t task = &t - tasks.data();
+    BiasAcc acc{a, {cv.f32((a.Bt + 1) * BLK), a.Bt + 1}, cv.f32(a.P), bias_grads.pos(task), bias_grads.time(task)};
+    bf *Qb = cv.b16(Lp * z.Dk), *QT = cv.b16(z.Dk * Lp), *dOb = cv.b16(Lp * z.Dvk), *dOT = cv.b16(z.Dvk * Lp);
+    KeyTile kt{cv.b16(BLK * z.Dk), cv.b16(BLK * z.Dvk), cv.b16(BLK * z.Dk), cv.b16(BLK * z.Dk), cv.b16(BLK * z.Dvk)};
+    bf *Wp = cv.b16(BLK * BLK), *dSp = cv.b16(BLK * BLK), *dSb = cv.b16(BLK * BLK);
+    acc.clear();
+    const int64_t base = p.o[t.b], L = p.o[t.b + 1] - base, Lr = round_up(L, BLK);
+    const Bias<T> bias = p.bias(t.b, t.h);
+    gemm.begin();
+    pack(q + base * a.rq + t.h * z.D, a.rq, L, Lr, z.D, z.Dk, a.act, Qb, kg.tmp);
+    transpose(Qb, z.Dk, Lr, z.Dk, QT, Lp);
+    pack(g + base * rg + t.h * z.Dv, rg, L, Lr, z.Dv, z.Dvk, false, dOb, kg.tmp);
+    transpose(dOb, z.Dvk, Lr, z.Dvk, dOT, Lp);
+    std::fill(dQ, dQ + Lr * z.Dk, T(0));
+    for (int64_t j0 = 0; j0 < L; j0 += BLK) {
+      const int64_t nk = std::min(BLK, L - j0), Nk = round_up(nk, 16), Kk = round_up(nk, 32);
+      kt.pack(a, z, base + j0, t.h, nk, kg.tmp);
+      kg.clear(z);
+      for (int64_t i0 = j0; i0 < L; i0 += BLK) {
+        const int64_t nq = std::min(BLK, L - i0), Mq = round_up(nq, 16), Kq = round_up(nq, 32);
+        gemm(Mq, Nk, z.Dk, Qb + i0 * z.Dk, z.Dk, kt.KT, 2 * BLK, S, BLK, false);     // S = q . k
+        gemm(Mq, Nk, z.Dvk, dOb + i0 * z.Dvk, z.Dvk, kt.VT, 2 * BLK, dW, BLK, false);  // dW = dO V^T
+        tile_backward(S, dW, dSb, i0, j0, nq, nk, Mq, Nk, Kk, p, bias, &acc);
+        bf16::pair_rows_f32(S, BLK, nq, Kq, Nk, Wp);
+        bf16::pair_rows_f32(dW, BLK, nq, Kq, Nk, dSp);
+        gemm(Mq, z.Dk, Kk, dSb, BLK, kt.KP, 2 * z.Dk, dQ + i0 * z.Dk, z.Dk, true);  // dQ_i += dS K_j
+        gemm(z.Dvk, Nk, Kq, dOT + i0, Lp, Wp, 2 * Nk, kg.dVT, BLK, true);           // dV_j^T += dO_i^T W
+        gemm(z.Dk, Nk, Kq, QT + i0, Lp, dSp, 2 * Nk, kg.dKT, BLK, true);            // dK_j^T += Q_i^T dS
+      }
+      kg.write(a, z, p, base + j0, t.h, nk, dk, dv);
+    }
+    write_dq(a, z, p, dQ, base, t.h, L, dq, kg.tmp);
+    acc.flush();
+    gemm.end();
+  });
+  bias_grads.reduce(tasks, a, dpos, dtime);
+}
+
+// dq and the bias gradients: one task per (sequence, head, query tile).
+void backward_dq(const Args& a, double alpha_in, const at::Tensor& grad, at::Tensor& dq, at::Tensor& dpos,
+                 at::Tensor& dtime, const Gemm& gemm) {
+  const Pass<scalar_t> p(a, alpha_in);
+  const Sizes z(a);
+  const scalar_t *q = a.q.data_ptr<scalar_t>(), *g = grad.data_ptr<scalar_t>();
+  const int64_t rg = grad.stride(0);
+  const auto tasks = make_tasks(p.o, a.B, a.H, /*by_key=*/false);
+  const int64_t workers = p.workers(tasks.size());
+  const int64_t per = Carve::floats({BLK * z.Dk, z.X, BLK * BLK, BLK * BLK, (a.Bt + 1) * BLK, a.P},
+                                    {BLK * z.Dk, BLK * z.Dvk, BLK * z.Dk, BLK * z.Dvk, BLK * z.Dk, BLK * z.Dk,
+                                     BLK * z.Dvk, BLK * BLK});
+  auto bufs = scratch<float>(workers, per);
+  BiasGrads<T> bias_grads(tasks.size(), a.P, a.Bt);
+  run_tasks(tasks, workers, [&](int64_t w, const Task& t) {
+    Carve cv{bufs[w].data()};
+    T *dQ = cv.f32(BLK * z.Dk), *tmp = cv.f32(z.X), *S = cv.f32(BLK * BLK), *dW = cv.f32(BLK * BLK);
+    const int64_t task = &t - tasks.data();
+    BiasAcc acc{a, {cv.f32((a.Bt + 1) * BLK), a.Bt + 1}, cv.f32(a.P), bias_grads.pos(task), bias_grads.time(task)};
+    bf *Qb = cv.b16(BLK * z.Dk), *dOb = cv.b16(BLK * z.Dvk);
+    KeyTile kt{cv.b16(BLK * z.Dk), cv.b16(BLK * z.Dvk), cv.b16(BLK * z.Dk), cv.b16(BLK * z.Dk), cv.b16(BLK * z.Dvk)};
+    bf* dSb = cv.b16(BLK * BLK);
+    acc.clear();
+    const int64_t base = p.o[t.b], L = p.o[t.b + 1] - base, i0 = t.blk * BLK, nq = std::min(BLK, L - i0);
+    const int64_t Mq = round_up(nq, 16);
+    const Bias<T> bias = p.bias(t.b, t.h);
+    gemm.begin();
+    pack(q + (base + i0) * a.rq + t.h * z.D, a.rq, nq, Mq, z.D, z.Dk, a.act, Qb, tmp);
+    pack(g + (base + i0) * rg + t.h * z.Dv, rg, nq, Mq, z.Dv, z.Dvk, false, dOb, tmp);
+    std::fill(dQ, dQ + Mq * z.Dk, T(0));
+    for (int64_t j0 = 0; j0 < i0 + nq; j0 += BLK) {
+      const int64_t nk = std::min(BLK, i0 + nq - j0), Nk = round_up(nk, 16), Kk = round_up(nk, 32);
+      kt.pack(a, z, base + j0, t.h, nk, tmp);
+      gemm(Mq, Nk, z.Dk, Qb, z.Dk, kt.KT, 2 * BLK, S, BLK, false);
+      gemm(Mq, Nk, z.Dvk, dOb, z.Dvk, kt.VT, 2 * BLK, dW, BLK, false);
+      tile_backward(S, dW, dSb, i0, j0, nq, nk, Mq, Nk, Kk, p, bias, &acc);
+      gemm(Mq, z.Dk, Kk, dSb, BLK, kt.KP, 2 * z.Dk, dQ, z.Dk, true);  // dQ += dS K_j
+    }
+    write_dq(a, z, p, dQ, base + i0, t.h, nq, dq, tmp);
+    acc.flush();
+    gemm.end();
+  });
+  bias_grads.reduce(tasks, a, dpos, dtime);
+}
+
+// dk and dv: one task per (sequence, head, key tile), walking the query tiles at or after it.
+void backward_dkv(const Args& a, double alpha_in, const at::Tensor& grad, at::Tensor& dk, at::Tensor& dv,
+                  const Gemm& gemm) {
+  const Pass<scalar_t> p(a, alpha_in);
+  const Sizes z(a);
+  const scalar_t *q = a.q.data_ptr<scalar_t>(), *g = grad.data_ptr<scalar_t>();
+  const int64_t rg = grad.stride(0);
+  const auto tasks = make_tasks(p.o, a.B, a.H, /*by_key=*/true);
+  const int64_t workers = p.workers(tasks.size());
+  const int64_t per = Carve::floats({z.Dk * BLK, z.Dvk * BLK, BLK * z.X, z.X, BLK * BLK, BLK * BLK},
+                                    {BLK * z.Dk, z.Dk * BLK, BLK * z.Dvk, z.Dvk * BLK, BLK * z.Dk, BLK * z.Dvk,
+                                     BLK * z.Dk, BLK * z.Dvk, BLK * BLK, BLK * BLK});
+  auto bufs = scratch<float>(workers, per);
+  run_tasks(tasks, workers, [&](int64_t w, const Task& t) {
+    Carve cv{bufs[w].data()};
+    KeyGrads kg{cv.f32(z.Dk * BLK), cv.f32(z.Dvk * BLK), cv.f32(BLK * z.X), cv.f32(z.X)};
+    T *S = cv.f32(BLK * BLK), *dW = cv.f32(BLK * BLK);
+    bf *Qb = cv.b16(BLK * z.Dk), *QT = cv.b16(z.Dk * BLK), *dOb = cv.b16(BLK * z.Dvk), *dOT = cv.b16(z.Dvk * BLK);
+    KeyTile kt{cv.b16(BLK * z.Dk), cv.b16(BLK * z.Dvk), cv.b16(BLK * z.Dk), nullptr, cv.b16(BLK * z.Dvk)};
+    bf *Wp = cv.b16(BLK * BLK), *dSp = cv.b16(BLK * BLK);
+    const int64_t base = p.o[t.b], L = p.o[t.b + 1] - base, j0 = t.blk * BLK, nk = std::min(BLK, L - j0);
+    const int64_t Nk = round_up(nk, 16), Kk = round_up(nk, 32);
+    const Bias<T> bias = p.bias(t.b, t.h);
+    gemm.begin();
+    kt.pack(a, z, base + j0, t.h, nk, kg.tmp);
+    kg.clear(z);
+    for (int64_t i0 = j0; i0 < L; i0 += BLK) {
+      const int64_t nq = std::min(BLK, L - i0), Mq = round_up(nq, 16), Kq = round_up(nq, 32);
+      pack(q + (base + i0) * a.rq + t.h * z.D, a.rq, nq, BLK, z.D, z.Dk, a.act, Qb, kg.tmp);
+      transpose(Qb, z.Dk, BLK, z.Dk, QT, BLK);
+      pack(g + (base + i0) * rg + t.h * z.Dv, rg, nq, BLK, z.Dv, z.Dvk, false, dOb, kg.tmp);
+      transpose(dOb, z.Dvk, BLK, z.Dvk, dOT, BLK);
+      gemm(Mq, Nk, z.Dk, Qb, z.Dk, kt.KT, 2 * BLK, S, BLK, false);
+      gemm(Mq, Nk, z.Dvk, dOb, z.Dvk, kt.VT, 2 * BLK, dW, BLK, false);
+      tile_backward(S, dW, nullptr, i0, j0, nq, nk, Mq, Nk, Kk, p, bias, nullptr);
+      bf16::pair_rows_f32(S, BLK, nq, Kq, Nk, Wp);
+      bf16::pair_rows_f32(dW, BLK, nq, Kq, Nk, dSp);
+      gemm(z.Dvk, Nk, Kq, dOT, BLK, Wp, 2 * Nk, kg.dVT, BLK, true);  // dV^T += dO^T W
+      gemm(z.Dk, Nk, Kq, QT, BLK, dSp, 2 * Nk, kg.dKT, BLK, true);   // dK^T += Q^T dS
+    }
+    kg.write(a, z, p, base + j0, t.h, nk, dk, dv);
+    gemm.end();
+  });
+}
+
+}  // namespace
+}  // namespace GRLIB_ISA_NS::hstu
+#pragma GCC pop_options
+
+// The entry points under the avx512 path's own options (declared so in hstu_attention.h: a
+// definition under other target options would be a different function version in C++).
+namespace GRLIB_ISA_NS::hstu {
+
+bool on_bf16_units(const Args& a) {
+  return a.q.scalar_type() == at::kBFloat16 && ::grlib::isa::units() != ::grlib::isa::NONE;
+}
+
+at::Tensor forward_bf16(const Args& a, double alpha) { return forward_impl(a, alpha); }
+
+void backward_bf16(const char* op, int64_t mode, const Args& a, double alpha, const at::Tensor& grad, at::Tensor& dq,
+                   at::Tensor& dk, at::Tensor& dv, at::Tensor& dpos, at::Tensor& dtime) {
+  TORCH_CHECK(mode >= 0 && mode <= 2, op, ": mode must be 0 (auto), 1 (one pass) or 2 (two passes), got ", mode);
+  const bf16::Gemm gemm{::grlib::isa::units() == ::grlib::isa::AMX};
+  const bool single = mode == 1 || (mode == 0 && sequence_tasks_balance(sequence_tasks(
+                                                     a.offsets.data_ptr<int64_t>(), a.B, a.H)));
+  if (single) {
+    backward_single(a, alpha, grad, dq, dk, dv, dpos, dtime, gemm);
+  } else {
+    backward_dq(a, alpha, grad, dq, dpos, dtime, gemm);
+    backward_dkv(a, alpha, grad, dk, dv, gemm);
+  }
+}
+
+}  // namespace GRLIB_ISA_NS::hstu
+#endif
