@@ -11,8 +11,11 @@ from grlib.hardware import isa
 
 
 def test_each_path_sets_its_limits_and_the_users_win():
-    assert gemm_limits.limited_environ("avx512", {}) == {}
+    assert gemm_limits.limited_environ("amx", {}) == {}  # the widest path: the CPU as it is
     assert gemm_limits.limited_environ(None, {}) == {}
+    for path, onednn in (("avx512_bf16", "AVX512_CORE_BF16"), ("avx512", "AVX512_CORE")):  # MKL: unlimited
+        assert gemm_limits.limited_environ(path, {}) == {"ONEDNN_MAX_CPU_ISA": onednn,
+                                                         gemm_limits.MARK: "ONEDNN_MAX_CPU_ISA"}
     env = gemm_limits.limited_environ("avx2", {"PATH": "x"})
     assert env == {"PATH": "x", "ONEDNN_MAX_CPU_ISA": "AVX2", "MKL_ENABLE_INSTRUCTIONS": "AVX2",
                    gemm_limits.MARK: "ONEDNN_MAX_CPU_ISA,MKL_ENABLE_INSTRUCTIONS"}
@@ -23,7 +26,9 @@ def test_each_path_sets_its_limits_and_the_users_win():
     assert user["ONEDNN_MAX_CPU_ISA"] == "AVX512_CORE" and user[gemm_limits.MARK] == "MKL_ENABLE_INSTRUCTIONS"
     assert "ONEDNN_MAX_CPU_ISA=AVX512_CORE (user)" in gemm_limits.describe(user)
     # grlib's values for one path give way to another path's (a child of a forced parent)
-    assert gemm_limits.limited_environ("avx512", env) == {"PATH": "x"}
+    assert gemm_limits.limited_environ("amx", env) == {"PATH": "x"}
+    assert gemm_limits.limited_environ("avx512", env) == {"PATH": "x", "ONEDNN_MAX_CPU_ISA": "AVX512_CORE",
+                                                          gemm_limits.MARK: "ONEDNN_MAX_CPU_ISA"}
     generic = gemm_limits.limited_environ("generic", env)
     assert (generic["ONEDNN_MAX_CPU_ISA"], generic["MKL_ENABLE_INSTRUCTIONS"]) == ("SSE41", "SSE4_2")
     assert gemm_limits.describe({}) == "none"
@@ -74,6 +79,9 @@ def test_grlib_isa_avx2_runs_onednn_as_an_avx2_cpu():
     assert vector_bits(avx2) == 256, avx2
     generic = _onednn_isa({**base, "GRLIB_ISA": "generic"})
     assert vector_bits(generic) == 128, generic
+    if "avx512" in isa.cpu_paths():
+        avx512 = _onednn_isa({**base, "GRLIB_ISA": "avx512"})
+        assert vector_bits(avx512) == 512, avx512
     if "avx512f" in isa.cpu_flags():  # unlimited, oneDNN takes 512-bit vectors (or AMX tiles beside them)
         default = _onednn_isa(base)
         assert vector_bits(default) == 512, default
