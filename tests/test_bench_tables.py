@@ -53,6 +53,7 @@ def test_a_long_description_is_wrapped_not_cut():
     assert " ".join(text.split()).count("43 ms per step") == 4 and "yes" in text
 
 
+@pytest.mark.slow
 def test_bench_train_fits_120_columns_without_library_noise(isolated_outputs, capfd):
     """The compiled row (torch dynamo's graph-break warnings) and the --top profile (the profiler's
     USDT lines on the native stderr) run; neither reaches the terminal without -v."""
