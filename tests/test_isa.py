@@ -15,21 +15,29 @@ from grlib.hardware import isa
 ZEN3 = frozenset("fpu sse sse2 avx fma avx2 bmi2".split())
 ZEN5 = ZEN3 | {"avx512f", "avx512bw", "avx512dq", "avx512vl", "avx512_bf16"}
 SKYLAKE_X = ZEN3 | {"avx512f", "avx512bw", "avx512dq", "avx512vl"}  # AVX-512 without bf16
+SAPPHIRE_RAPIDS = ZEN5 | {"amx_bf16", "amx_tile"}  # AVX512-BF16 and the AMX-BF16 tile unit
 
 
 @pytest.mark.skipif(os.uname().machine != "x86_64", reason="the x86-64 paths")
 def test_cpu_paths_follow_the_flags():
     assert isa.cpu_paths(ZEN3) == ("avx2", "generic")
-    assert isa.cpu_paths(ZEN5) == ("avx512", "avx2", "generic")
+    assert isa.cpu_paths(SKYLAKE_X) == ("avx512", "avx2", "generic")
+    assert isa.cpu_paths(ZEN5) == ("avx512_bf16", "avx512", "avx2", "generic")
+    assert isa.cpu_paths(SAPPHIRE_RAPIDS) == ("amx", "avx512_bf16", "avx512", "avx2", "generic")
+    assert isa.cpu_paths(ZEN5 | {"amx_bf16"}) == isa.cpu_paths(ZEN5)  # amx needs the tile flag as well
     assert isa.cpu_paths(frozenset({"sse2"})) == ("generic",)
 
 
 @pytest.mark.parametrize("flags, forced, needle", [
     (ZEN3, "", "need the CPU flag avx512_bf16"),
     (SKYLAKE_X, "", "need the CPU flag avx512_bf16"),
+    (ZEN5, "avx512", "GRLIB_ISA=avx512 runs this process as a CPU without avx512_bf16"),
     (ZEN5, "avx2", "GRLIB_ISA=avx2 runs this process as a CPU without avx512_bf16"),
+    (SAPPHIRE_RAPIDS, "avx512", "GRLIB_ISA=avx512 runs this process as a CPU without avx512_bf16"),
+    (SAPPHIRE_RAPIDS, "avx512_bf16", None),
     (ZEN5, "generic", "GRLIB_ISA=generic runs this process as a CPU without avx512_bf16"),
     (ZEN5, "", None),
+    (SAPPHIRE_RAPIDS, "", None),
 ])
 def test_bf16_needs_the_flag_and_the_avx512_path(monkeypatch, flags, forced, needle):
     if os.uname().machine != "x86_64" and needle is None:
@@ -62,7 +70,8 @@ def test_bf16_is_refused_where_onednn_is_limited_below_bf16(monkeypatch, limit, 
 
 def test_an_unknown_forced_path_is_refused(monkeypatch):
     monkeypatch.setenv("GRLIB_ISA", "sse9")
-    with pytest.raises(ConfigError, match="GRLIB_ISA='sse9': must be one of avx512, avx2, generic"):
+    with pytest.raises(ConfigError, match="GRLIB_ISA='sse9': must be one of amx, avx512_bf16, avx512, avx2, "
+                                          "generic"):
         isa.selected_by_flags()
 
 
@@ -122,6 +131,21 @@ def test_a_forced_path_the_cpu_lacks_names_what_it_has(monkeypatch):
         isa.selected()
 
 
+@pytest.mark.skipif(os.uname().machine != "x86_64", reason="the x86-64 paths")
+def test_amx_forced_on_a_cpu_without_the_tile_unit_names_its_flags(monkeypatch):
+    """A Zen 5 (avx512_bf16, no AMX) asked for amx: the tile flags named, the bf16 path it has listed."""
+    monkeypatch.setattr(isa, "cpu_flags", lambda: ZEN5)
+    monkeypatch.setattr(isa, "built_paths", lambda: isa.ISAS)
+    monkeypatch.setenv("GRLIB_ISA", "amx")
+    with pytest.raises(ConfigError, match=r"GRLIB_ISA=amx: the amx path is not available: needs the flags avx512f "
+                                          r".* amx_bf16 amx_tile; this CPU \(.*\) has avx512f avx512_bf16 avx2 fma; "
+                                          r"available: avx512_bf16, avx512, avx2, generic$"):
+        isa.selected()
+
+
+BF16_UNIT_INSTRUCTIONS = ("vdpbf16ps", "tdpbf16ps", "ldtilecfg", "tileloadd")
+
+
 def _functions(disassembly: str) -> dict[str, list[str]]:
     """objdump -d -C text -> {function name: its instruction lines}."""
     out, name = {}, None
@@ -137,8 +161,10 @@ def _functions(disassembly: str) -> dict[str, list[str]]:
 @pytest.mark.skipif(shutil.which("objdump") is None, reason="objdump (binutils) is not installed")
 @pytest.mark.skipif(os.uname().machine != "x86_64", reason="the x86-64 paths")
 def test_no_avx512_instruction_outside_the_avx512_path():
-    """The avx2 and generic paths hold no zmm register (what an AVX2-only CPU would fault on); a build
-    with GRLIB_ISA_BUILD=x86-64-v3 (no avx512 path) holds none anywhere."""
+    """The avx2 and generic paths hold no zmm register (what an AVX2-only CPU would fault on) and none of
+    the bf16 units' instructions (vdpbf16ps, AMX tiles: the amx and avx512_bf16 paths are the avx512
+    code, grlib_avx512::, with its units); a build with GRLIB_ISA_BUILD=x86-64-v3 (no avx512 path)
+    holds none anywhere."""
     text = subprocess.run(["objdump", "-d", "-C", "--no-show-raw-insn", _lib()], capture_output=True, text=True,
                           check=True).stdout
     funcs = _functions(text)
@@ -147,6 +173,8 @@ def test_no_avx512_instruction_outside_the_avx512_path():
     for p in ("avx2", "generic"):
         bad = [n for n in paths[p] if any("zmm" in ins for ins in funcs[n])]
         assert not bad, f"{p} path functions with zmm registers: {bad[:5]}"
+        bad = [n for n in paths[p] if any(u in ins for ins in funcs[n] for u in BF16_UNIT_INSTRUCTIONS)]
+        assert not bad, f"{p} path functions with bf16 unit instructions: {bad[:5]}"
     if "avx512" not in isa.built_paths():
         assert "zmm" not in text, "an x86-64-v3 build holds a zmm register"
     else:
@@ -161,8 +189,9 @@ KERNEL_TESTS = ("tests/test_attention.py", "tests/test_uvqk_attention.py", "test
 def test_the_kernel_tests_pass_on_each_path(path):
     """Every kernel test (padded references, hypothesis shapes, fwd + bwd, every dtype) on one more
     path than the process default, in a child with GRLIB_ISA set (the default path runs them in the
-    suite); the child draws a third of the random cases (conftest's `paths` profile) unless
-    HYPOTHESIS_PROFILE says otherwise."""
+    suite); amx and avx512_bf16 run the avx512 code but for the bf16 attention, which
+    test_attention_bf16 runs on each of them in-process. The child draws a third of the random
+    cases (conftest's `paths` profile) unless HYPOTHESIS_PROFILE says otherwise."""
     import grlib.ops.cpu  # noqa: F401
 
     if path not in isa.available():
