@@ -97,9 +97,14 @@ def test_cli_config_takes_overrides():
     assert load_config("smoke", {"model.n_layers": 3, "train.lr": 3e-4}).params_hash() in proc.stdout
 
 
-# Commands that run at a scale and should take --scale (default: params.yaml's) and -o KEY=VALUE,
-# but do not yet (their parsers live outside grlib.config): strict, so a fixed one must leave the list.
-NO_SCALE = {"data download"}  # fetches an archive: no config involved
+# Commands that build no config, so that -o KEY=VALUE would be ignored: they must not take it (and a
+# command that builds one must leave this list). The scale of the files they read, where it is not
+# in the files themselves, comes from their own --scale (default: params.yaml's).
+NO_CONFIG = {
+    "data download": None,  # fetches a dataset's archive: no scale involved
+    "claims": "--scale",  # reads the report stage's summary of that scale
+    "import-rows": None,  # appends a device check's rows, each with its own scale
+}
 
 
 def _commands() -> dict[str, "argparse.ArgumentParser"]:
@@ -132,12 +137,23 @@ def _takes_scale_and_overrides(parser) -> list[str]:
 
 
 def test_the_command_list_is_known():
-    assert NO_SCALE <= set(_commands())
+    assert set(NO_CONFIG) <= set(_commands())
 
 
-@pytest.mark.parametrize("command", sorted(set(_commands()) - NO_SCALE))
+@pytest.mark.parametrize("command", sorted(set(_commands()) - set(NO_CONFIG)))
 def test_every_command_takes_scale_and_overrides(command):
     assert _takes_scale_and_overrides(_commands()[command]) == [], command
+
+
+@pytest.mark.parametrize("command", sorted(NO_CONFIG))
+def test_a_command_without_config_takes_no_overrides(command):
+    options = {opt: a for a in _commands()[command]._actions for opt in a.option_strings}
+    assert "-o" not in options and "--override" not in options, command
+    scale = options.get("--scale")
+    if NO_CONFIG[command] is None:
+        assert scale is None, f"{command} takes --scale: list it as reading files of a scale"
+    else:
+        assert scale is not None and scale.default is None and "params.yaml" in scale.help, command
 
 
 def test_the_options_give_the_config():
