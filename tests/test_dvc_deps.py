@@ -208,6 +208,19 @@ def test_stage_code_deps_exist_and_are_run(name):
                                      f"deps the stage never runs {unused} (remove them)")
 
 
+@pytest.mark.parametrize("name", sorted(DVC))
+def test_stage_lists_the_dataset_settings_its_grid_reads(name):
+    """A grid that reads params.yaml's `datasets` section (grlib.config.ablations.DATASET_SETTINGS:
+    each dataset's own settings) makes it a param of its stage, so that changing a dataset's settings
+    reruns the stage; a stage whose grid does not read it does not list it."""
+    from grlib.config.ablations import DATASET_SETTINGS
+
+    params = [p for p in DVC[name].get("params", []) if isinstance(p, str)]
+    reads = any(p == f"ablations.{a}" for p in params for a in DATASET_SETTINGS)
+    assert ("datasets" in params) == reads, (f"dvc.yaml stage {name!r}: params {params}; "
+                                             f"{'add' if reads else 'remove'} `datasets`")
+
+
 def test_the_import_rules():
     """Imports inside functions, `from pkg import module`, relative imports, module names as strings
     (python -m, registries), f-string module prefixes and the compiled extension all count."""
