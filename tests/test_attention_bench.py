@@ -31,15 +31,27 @@ def test_plan_covers_every_impl_regime_and_length_then_the_whole_batch():
 
 def test_ratios_are_against_the_reference_of_the_same_regime_and_length():
     rows = [dict(op="hstu_attention", impl=i, regime=r, max_len=64, batch=4, whole_batch=False, fwd_bwd_ms=ms,
-                 peak_mem_mb=mb)
+                 peak_mem_mb=mb, dtype="float32")
             for i, r, ms, mb in [("reference", "scaled", 10.0, 100.0), ("cpu", "scaled", 2.0, 10.0),
                                  ("reference", "truncated", 20.0, 200.0), ("cpu", "truncated", 5.0, 100.0)]]
     rows.append(dict(op="hstu_attention", impl="cpu", regime="scaled", max_len=64, batch=40, whole_batch=True,
-                     fwd_bwd_ms=1.0, peak_mem_mb=50.0))
+                     fwd_bwd_ms=1.0, peak_mem_mb=50.0, dtype="float32"))
     kernels_stage._add_ratios(rows)
     assert [r["speedup_vs_reference"] for r in rows[:4]] == [1.0, 5.0, 1.0, 4.0]
     assert [r["mem_reduction_vs_reference"] for r in rows[:4]] == [0.0, 0.9, 0.0, 0.5]
     assert math.isnan(rows[4]["speedup_vs_reference"]) and rows[4]["reference_estimate_mb"] == 1000.0
+    assert "speedup_vs_float32" not in rows[0]  # one dtype: no column comparing dtypes
+
+
+def test_bfloat16_rows_compare_with_the_bfloat16_reference_and_their_float32_row():
+    rows = [dict(op="hstu_attention", impl=i, regime="scaled", max_len=64, batch=4, whole_batch=False,
+                 fwd_bwd_ms=ms, peak_mem_mb=mb, dtype=dt)
+            for i, dt, ms, mb in [("reference", "float32", 10.0, 100.0), ("cpu", "float32", 2.0, 10.0),
+                                  ("reference", "bfloat16", 8.0, 50.0), ("cpu", "bfloat16", 1.0, 10.0)]]
+    kernels_stage._add_ratios(rows, several_dtypes=True)
+    assert [r["speedup_vs_reference"] for r in rows] == [1.0, 5.0, 1.0, 8.0]  # bf16 cpu vs the bf16 reference
+    assert [r["mem_reduction_vs_reference"] for r in rows] == [0.0, 0.9, 0.0, 0.8]
+    assert [r["speedup_vs_float32"] for r in rows] == [1.0, 1.0, 1.25, 2.0]
 
 
 @pytest.mark.parametrize("op", ["hstu_attention", "layer_norm_mul"])

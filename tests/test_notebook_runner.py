@@ -52,7 +52,7 @@ def test_parameters_are_matched_by_whole_name(project):
     with pytest.raises(notebooks.NotebookError, match=r"\['ail'\]"):
         notebooks.run_notebook("x", "smoke", {"ail": "true"}, output=project / "out.ipynb")
     assert notebooks.parameter_names(ROOT / "notebooks" / "02_train.ipynb") == ["scale", "overrides",
-                                                                                "ablation_overrides"]
+                                                                                "ablation_overrides", "data"]
 
 
 def test_a_bool_parameter_takes_only_true_or_false(project):
