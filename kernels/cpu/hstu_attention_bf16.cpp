@@ -35,6 +35,9 @@ using bf16::bf;
 using bf16::Gemm;
 using T = float;
 using scalar_t = at::BFloat16;
+// Row strides of Lp-long rows (a multiple of BLK: 2 KiB and up) get SKEW more elements (64 bytes), so
+// that the 16 rows of a tile load do not all fall on the same few L1 sets.
+constexpr int64_t SKEW = 32;
 
 inline const bf* bits(const scalar_t* p) { return reinterpret_cast<const bf*>(p); }
 
@@ -132,9 +135,9 @@ struct BiasAcc {
 };
 
 // The weights of a score tile S [query r, key c] (float32, row stride BLK): alpha, biases, SiLU / n in
-// place for c < valid(r); then rounded to bf16 into W [Mq, BLK] (zero past valid, through Kk columns,
+// place for c < valid(r); then rounded to bf16 into W [Mq, ldw] (zero past valid, through Kk columns,
 // and in rows nq .. Mq).
-void weights(T* S, bf* W, int64_t i0, int64_t j0, int64_t nq, int64_t nk, int64_t Mq, int64_t Kk,
+void weights(T* S, bf* W, int64_t ldw, int64_t i0, int64_t j0, int64_t nq, int64_t nk, int64_t Mq, int64_t Kk,
              const Pass<scalar_t>& p, const Bias<T>& bias) {
   const int64_t* tsk = bias.ts ? bias.ts + j0 : nullptr;
   for (int64_t r = 0; r < nq; ++r) {
@@ -143,17 +146,17 @@ void weights(T* S, bf* W, int64_t i0, int64_t j0, int64_t nq, int64_t nk, int64_
     for (int64_t c = 0; c < valid; ++c) s[c] *= p.alpha;
     add_bias<-1>(s, 0, valid, i - j0, bias, tsk, bias.ts ? bias.ts[i] : 0);
     silu_scale(s, 0, valid, p.inv_n);
-    bf16::round_row(s, W + r * BLK, valid);
-    std::fill(W + r * BLK + valid, W + r * BLK + Kk, bf(0));
+    bf16::round_row(s, W + r * ldw, valid);
+    std::fill(W + r * ldw + valid, W + r * ldw + Kk, bf(0));
   }
-  for (int64_t r = nq; r < Mq; ++r) std::fill(W + r * BLK, W + r * BLK + Kk, bf(0));
+  for (int64_t r = nq; r < Mq; ++r) std::fill(W + r * ldw, W + r * ldw + Kk, bf(0));
 }
 
 // The backward of a score tile: S [query, key] <- weights, dW <- dL/dscores (float32, in place, zero
 // for valid(r) <= c < Nk), their bias gradients into acc (when given); dS rounded to bf16 into dSb
-// [Mq, BLK] (zero past valid through Kk, rows nq .. Mq zero).
-void tile_backward(T* S, T* dW, bf* dSb, int64_t i0, int64_t j0, int64_t nq, int64_t nk, int64_t Mq, int64_t Nk,
-                   int64_t Kk, const Pass<scalar_t>& p, const Bias<T>& bias, BiasAcc* acc) {
+// [Mq, ld] (zero past valid through Kk, rows nq .. Mq zero).
+void tile_backward(T* S, T* dW, bf* dSb, int64_t ld, int64_t i0, int64_t j0, int64_t nq, int64_t nk, int64_t Mq,
+                   int64_t Nk, int64_t Kk, const Pass<scalar_t>& p, const Bias<T>& bias, BiasAcc* acc) {
   const int64_t* tsk = bias.ts ? bias.ts + j0 : nullptr;
   for (int64_t r = 0; r < nq; ++r) {
     const int64_t i = i0 + r, valid = std::min(nk, i - j0 + 1), tsi = bias.ts ? bias.ts[i] : 0;
@@ -167,12 +170,12 @@ void tile_backward(T* S, T* dW, bf* dSb, int64_t i0, int64_t j0, int64_t nq, int
     std::fill(ds + valid, ds + Nk, T(0));
     if (acc) acc->add(ds, i, j0, valid, tsk, tsi, runs);
     if (dSb) {
-      bf16::round_row(ds, dSb + r * BLK, valid);
-      std::fill(dSb + r * BLK + valid, dSb + r * BLK + Kk, bf(0));
+      bf16::round_row(ds, dSb + r * ld, valid);
+      std::fill(dSb + r * ld + valid, dSb + r * ld + Kk, bf(0));
     }
   }
   if (dSb)
-    for (int64_t r = nq; r < Mq; ++r) std::fill(dSb + r * BLK, dSb + r * BLK + Kk, bf(0));
+    for (int64_t r = nq; r < Mq; ++r) std::fill(dSb + r * ld, dSb + r * ld + Kk, bf(0));
 }
 
 struct Sizes {
@@ -210,32 +213,34 @@ at::Tensor forward_impl(const Args& a, double alpha_in) {
   for (int64_t b = 0; b < a.B; ++b) longest = std::max(longest, p.o[b + 1] - p.o[b]);
   const int64_t workers = p.workers(tasks.size()), Lp = round_up(longest, BLK);
   const int64_t per = Carve::floats({BLK * BLK, BLK * z.Dvk, z.X},
-                                    {Lp * z.Dk, Lp * z.Dk, Lp * z.Dvk, Lp * z.Dvk, BLK * z.Dk, BLK * BLK});
+                                    {Lp * z.Dk, (Lp + SKEW) * z.Dk, Lp * z.Dvk, Lp * z.Dvk, BLK * z.Dk, BLK * (Lp + SKEW)});
   auto bufs = scratch<float>(workers, per);
   run_tasks(tasks, workers, [&](int64_t w, const Task& t) {
     Carve cv{bufs[w].data()};
     T *S = cv.f32(BLK * BLK), *O = cv.f32(BLK * z.Dvk), *tmp = cv.f32(z.X);
-    bf *Kb = cv.b16(Lp * z.Dk), *KT = cv.b16(Lp * z.Dk), *Vb = cv.b16(Lp * z.Dvk), *VP = cv.b16(Lp * z.Dvk);
-    bf *Qb = cv.b16(BLK * z.Dk), *W = cv.b16(BLK * BLK);
+    const int64_t ld = Lp + SKEW;  // rows of KT (in pairs) and W
+    bf *Kb = cv.b16(Lp * z.Dk), *KT = cv.b16(ld * z.Dk), *Vb = cv.b16(Lp * z.Dvk), *VP = cv.b16(Lp * z.Dvk);
+    bf *Qb = cv.b16(BLK * z.Dk), *W = cv.b16(BLK * ld);  // W [BLK, ld]: a query tile's weights of every key
     const int64_t base = p.o[t.b], L = p.o[t.b + 1] - base;
     const int64_t tile0 = per_sequence ? 0 : t.blk, tile1 = per_sequence ? (L + BLK - 1) / BLK : t.blk + 1;
     const int64_t keys = std::min(L, tile1 * BLK), Kr = round_up(keys, BLK);
     const Bias<T> bias = p.bias(t.b, t.h);
     gemm.begin();
     pack(k + base * a.rk + t.h * z.D, a.rk, keys, Kr, z.D, z.Dk, a.act, Kb, tmp);
-    bf16::transpose32(Kb, z.Dk, Kr, z.Dk / 2, KT, 2 * Lp);  // KT [Dk / 2, Lp] pairs
+    bf16::transpose32(Kb, z.Dk, Kr, z.Dk / 2, KT, 2 * ld);  // KT [Dk / 2, ld] pairs
     pack(v + base * a.rv + t.h * z.Dv, a.rv, keys, Kr, z.Dv, z.Dvk, a.act, Vb, tmp);
     bf16::pair_rows(Vb, z.Dvk, Kr, z.Dvk, VP);  // VP [Kr / 2, Dvk, 2]
     for (int64_t i0 = tile0 * BLK; i0 < tile1 * BLK; i0 += BLK) {
       const int64_t nq = std::min(BLK, L - i0), Mq = round_up(nq, 16);
       pack(q + (base + i0) * a.rq + t.h * z.D, a.rq, nq, Mq, z.D, z.Dk, a.act, Qb, tmp);
-      std::fill(O, O + Mq * z.Dvk, T(0));
       for (int64_t j0 = 0; j0 < i0 + nq; j0 += BLK) {
         const int64_t nk = std::min(BLK, i0 + nq - j0), Nk = round_up(nk, 16), Kk = round_up(nk, 32);
-        gemm(Mq, Nk, z.Dk, Qb, z.Dk, KT + 2 * j0, 2 * Lp, S, BLK, false);  // S [query, key] = q . k
-        weights(S, W, i0, j0, nq, nk, Mq, Kk, p, bias);
-        gemm(Mq, z.Dvk, Kk, W, BLK, VP + j0 * z.Dvk, 2 * z.Dvk, O, z.Dvk, true);  // O += W V
+        gemm(Mq, Nk, z.Dk, Qb, z.Dk, KT + 2 * j0, 2 * ld, S, BLK, false);  // S [query, key] = q . k
+        weights(S, W + j0, ld, i0, j0, nq, nk, Mq, Kk, p, bias);
       }
+      // O = W V over every key at once: one float32 accumulator pass (a product per key tile
+      // loaded and stored O's tiles each time)
+      gemm(Mq, z.Dvk, round_up(i0 + nq, 32), W, ld, VP, 2 * z.Dvk, O, z.Dvk, false);
       for (int64_t r = 0; r < nq; ++r)
         bf16::round_row(O + r * z.Dvk, reinterpret_cast<bf*>(y + (base + i0 + r) * p.hsv + t.h * z.Dv), z.Dv);
     }
@@ -289,10 +294,14 @@ void backward_single(const Args& a, double alpha_in, const at::Tensor& grad, at:
   int64_t longest = 0;
   for (int64_t b = 0; b < a.B; ++b) longest = std::max(longest, p.o[b + 1] - p.o[b]);
   const int64_t workers = p.workers(tasks.size()), Lp = round_up(longest, BLK);
+  // per worker, float32: dQ [Lp, Dk], the key tile's gradients (KeyGrads), S, dW; the bias partials
+  // bf16: Q, Q^T, dO, dO^T of the sequence; KP [Lp / 2, Dk, 2] (every key's rows in pairs); dS
+  // [Lp, Lp] (every tile pair's dS, for dQ after the key tiles); W and dS of a key tile against every
+  // query after it, in pairs of query rows [Lp / 2, BLK, 2]; the key tile (KeyTile)
   const int64_t per = Carve::floats(
       {Lp * z.Dk, z.Dk * BLK, z.Dvk * BLK, BLK * z.X, z.X, BLK * BLK, BLK * BLK, (a.Bt + 1) * BLK, a.P},
-      {Lp * z.Dk, z.Dk * Lp, Lp * z.Dvk, z.Dvk * Lp, BLK * z.Dk, BLK * z.Dk, BLK * z.Dk, BLK * z.Dvk, BLK * z.Dvk,
-       BLK * BLK, BLK * BLK, BLK * BLK});
+      {Lp * z.Dk, z.Dk * (Lp + SKEW), Lp * z.Dvk, z.Dvk * (Lp + SKEW), Lp * z.Dk, Lp * (Lp + SKEW), Lp * BLK,
+       Lp * BLK, BLK * z.Dk, BLK * z.Dvk, BLK * z.Dk, BLK * z.Dvk});
   auto bufs = scratch<float>(workers, per);
   BiasGrads<T> bias_grads(tasks.size(), a.P, a.Bt);
   run_tasks(tasks, workers, [&](int64_t w, const Task& t) {
@@ -302,34 +311,39 @@ void backward_single(const Args& a, double alpha_in, const at::Tensor& grad, at:
     T *S = cv.f32(BLK * BLK), *dW = cv.f32(BLK * BLK);
     const int64_t task = &t - tasks.data();
     BiasAcc acc{a, {cv.f32((a.Bt + 1) * BLK), a.Bt + 1}, cv.f32(a.P), bias_grads.pos(task), bias_grads.time(task)};
-    bf *Qb = cv.b16(Lp * z.Dk), *QT = cv.b16(z.Dk * Lp), *dOb = cv.b16(Lp * z.Dvk), *dOT = cv.b16(z.Dvk * Lp);
-    KeyTile kt{cv.b16(BLK * z.Dk), cv.b16(BLK * z.Dvk), cv.b16(BLK * z.Dk), cv.b16(BLK * z.Dk), cv.b16(BLK * z.Dvk)};
-    bf *Wp = cv.b16(BLK * BLK), *dSp = cv.b16(BLK * BLK), *dSb = cv.b16(BLK * BLK);
+    const int64_t ld = Lp + SKEW;  // rows of Q^T, dO^T and dS
+    bf *Qb = cv.b16(Lp * z.Dk), *QT = cv.b16(z.Dk * ld), *dOb = cv.b16(Lp * z.Dvk), *dOT = cv.b16(z.Dvk * ld);
+    bf *KP = cv.b16(Lp * z.Dk), *dS = cv.b16(Lp * ld), *Wp = cv.b16(Lp * BLK), *dSp = cv.b16(Lp * BLK);
+    KeyTile kt{cv.b16(BLK * z.Dk), cv.b16(BLK * z.Dvk), cv.b16(BLK * z.Dk), nullptr, cv.b16(BLK * z.Dvk)};
     acc.clear();
     const int64_t base = p.o[t.b], L = p.o[t.b + 1] - base, Lr = round_up(L, BLK);
     const Bias<T> bias = p.bias(t.b, t.h);
     gemm.begin();
     pack(q + base * a.rq + t.h * z.D, a.rq, L, Lr, z.D, z.Dk, a.act, Qb, kg.tmp);
-    transpose(Qb, z.Dk, Lr, z.Dk, QT, Lp);
+    transpose(Qb, z.Dk, Lr, z.Dk, QT, ld);
     pack(g + base * rg + t.h * z.Dv, rg, L, Lr, z.Dv, z.Dvk, false, dOb, kg.tmp);
-    transpose(dOb, z.Dvk, Lr, z.Dvk, dOT, Lp);
-    std::fill(dQ, dQ + Lr * z.Dk, T(0));
+    transpose(dOb, z.Dvk, Lr, z.Dvk, dOT, ld);
     for (int64_t j0 = 0; j0 < L; j0 += BLK) {
       const int64_t nk = std::min(BLK, L - j0), Nk = round_up(nk, 16), Kk = round_up(nk, 32);
+      kt.KP = KP + j0 * z.Dk;  // key rows j0 .. j0 + BLK in pairs
       kt.pack(a, z, base + j0, t.h, nk, kg.tmp);
-      kg.clear(z);
       for (int64_t i0 = j0; i0 < L; i0 += BLK) {
         const int64_t nq = std::min(BLK, L - i0), Mq = round_up(nq, 16), Kq = round_up(nq, 32);
         gemm(Mq, Nk, z.Dk, Qb + i0 * z.Dk, z.Dk, kt.KT, 2 * BLK, S, BLK, false);     // S = q . k
         gemm(Mq, Nk, z.Dvk, dOb + i0 * z.Dvk, z.Dvk, kt.VT, 2 * BLK, dW, BLK, false);  // dW = dO V^T
-        tile_backward(S, dW, dSb, i0, j0, nq, nk, Mq, Nk, Kk, p, bias, &acc);
-        bf16::pair_rows_f32(S, BLK, nq, Kq, Nk, Wp);
-        bf16::pair_rows_f32(dW, BLK, nq, Kq, Nk, dSp);
-        gemm(Mq, z.Dk, Kk, dSb, BLK, kt.KP, 2 * z.Dk, dQ + i0 * z.Dk, z.Dk, true);  // dQ_i += dS K_j
-        gemm(z.Dvk, Nk, Kq, dOT + i0, Lp, Wp, 2 * Nk, kg.dVT, BLK, true);           // dV_j^T += dO_i^T W
-        gemm(z.Dk, Nk, Kq, QT + i0, Lp, dSp, 2 * Nk, kg.dKT, BLK, true);            // dK_j^T += Q_i^T dS
+        tile_backward(S, dW, dS + i0 * ld + j0, ld, i0, j0, nq, nk, Mq, Nk, Kk, p, bias, &acc);
+        bf16::pair_rows_f32(S, BLK, nq, Kq, Nk, Wp + (i0 - j0) * Nk);
+        bf16::pair_rows_f32(dW, BLK, nq, Kq, Nk, dSp + (i0 - j0) * Nk);
       }
+      // over every query at or after the key tile at once (K = the queries): dV_j^T = dO^T W, dK_j^T = Q^T dS
+      const int64_t Kt = round_up(L - j0, 32);
+      gemm(z.Dvk, Nk, Kt, dOT + j0, ld, Wp, 2 * Nk, kg.dVT, BLK, false);
+      gemm(z.Dk, Nk, Kt, QT + j0, ld, dSp, 2 * Nk, kg.dKT, BLK, false);
       kg.write(a, z, p, base + j0, t.h, nk, dk, dv);
+    }
+    for (int64_t i0 = 0; i0 < L; i0 += BLK) {  // dQ_i = dS_i K over every key at or before the tile at once
+      const int64_t nq = std::min(BLK, L - i0);
+      gemm(round_up(nq, 16), z.Dk, round_up(i0 + nq, 32), dS + i0 * ld, ld, KP, 2 * z.Dk, dQ + i0 * z.Dk, z.Dk, false);
     }
     write_dq(a, z, p, dQ, base, t.h, L, dq, kg.tmp);
     acc.flush();
@@ -373,7 +387,7 @@ void backward_dq(const Args& a, double alpha_in, const at::Tensor& grad, at::Ten
       kt.pack(a, z, base + j0, t.h, nk, tmp);
       gemm(Mq, Nk, z.Dk, Qb, z.Dk, kt.KT, 2 * BLK, S, BLK, false);
       gemm(Mq, Nk, z.Dvk, dOb, z.Dvk, kt.VT, 2 * BLK, dW, BLK, false);
-      tile_backward(S, dW, dSb, i0, j0, nq, nk, Mq, Nk, Kk, p, bias, &acc);
+      tile_backward(S, dW, dSb, BLK, i0, j0, nq, nk, Mq, Nk, Kk, p, bias, &acc);
       gemm(Mq, z.Dk, Kk, dSb, BLK, kt.KP, 2 * z.Dk, dQ, z.Dk, true);  // dQ += dS K_j
     }
     write_dq(a, z, p, dQ, base + i0, t.h, nq, dq, tmp);
@@ -417,7 +431,7 @@ void backward_dkv(const Args& a, double alpha_in, const at::Tensor& grad, at::Te
       transpose(dOb, z.Dvk, BLK, z.Dvk, dOT, BLK);
       gemm(Mq, Nk, z.Dk, Qb, z.Dk, kt.KT, 2 * BLK, S, BLK, false);
       gemm(Mq, Nk, z.Dvk, dOb, z.Dvk, kt.VT, 2 * BLK, dW, BLK, false);
-      tile_backward(S, dW, nullptr, i0, j0, nq, nk, Mq, Nk, Kk, p, bias, nullptr);
+      tile_backward(S, dW, nullptr, 0, i0, j0, nq, nk, Mq, Nk, Kk, p, bias, nullptr);
       bf16::pair_rows_f32(S, BLK, nq, Kq, Nk, Wp);
       bf16::pair_rows_f32(dW, BLK, nq, Kq, Nk, dSp);
       gemm(z.Dvk, Nk, Kq, dOT, BLK, Wp, 2 * Nk, kg.dVT, BLK, true);  // dV^T += dO^T W
