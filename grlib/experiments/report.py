@@ -43,12 +43,12 @@ def train_summary(scale: str | None = None) -> pl.DataFrame:
             .sort("scale", "dataset", "ndcg@10", descending=[False, False, True]))
 
 
-def quality_chart(summary: pl.DataFrame) -> alt.Chart:
-    return (alt.Chart(summary)
-            .mark_bar()
-            .encode(x=alt.X("ndcg@10:Q", title="test NDCG@10"), y=alt.Y("model:N", sort="-x"),
-                    color="model:N", row=alt.Row("scale:N"), column=alt.Column("dataset:N"))
-            .properties(title="Full-ranking NDCG@10 (mean over seeds)", width=360))
+def quality_chart(summary: pl.DataFrame) -> alt.FacetChart:
+    """train_summary's chart: the train stage's (one panel per dataset on its own axis, seed-std
+    whiskers, the peers' figures as dashed lines)."""
+    from grlib.experiments.train_stage import quality_chart as chart
+
+    return chart(summary)
 
 
 def _latest_run(name: str, scale: str | None) -> pl.DataFrame:
