@@ -39,6 +39,18 @@ def _units_or_skip(path: str) -> None:
                     f"this machine has {', '.join(isa.available())}")
 
 
+@pytest.fixture(autouse=True)
+def dpbf16_tiles():
+    """The avx512_bf16 path's vdpbf16ps tiles on for these tests (off by default: GRLIB_DPBF16_ATTENTION)."""
+    import grlib.ops.cpu  # noqa: F401
+    import grlib._C as C
+
+    before = C.dpbf16_attention()
+    C.set_dpbf16_attention(True)
+    yield
+    C.set_dpbf16_attention(before)
+
+
 def _tol(exact: torch.Tensor, table: bool = False) -> dict:
     scale = 1.0 + (float(exact.abs().max()) if exact.numel() else 0.0)
     k = 16 if table else 8
@@ -161,7 +173,7 @@ def test_forced_paths_agree_bitwise_with_each_unit():
         with tempfile.TemporaryDirectory() as tmp:
             src, dst = os.path.join(tmp, "case.pt"), os.path.join(tmp, "out.pt")
             torch.save(case, src)
-            env = dict(os.environ, GRLIB_ISA="avx512_bf16", OMP_NUM_THREADS="1")
+            env = dict(os.environ, GRLIB_ISA="avx512_bf16", GRLIB_DPBF16_ATTENTION="1", OMP_NUM_THREADS="1")
             subprocess.run([sys.executable, "-c", code, src, dst], check=True, env=env, cwd=os.getcwd(), timeout=300)
             child = torch.load(dst)
         for a, b in zip(first["avx512_bf16"], child):

@@ -7,6 +7,8 @@ torch.library.opcheck.
 """
 from __future__ import annotations
 
+import os
+
 import torch
 from torch import Tensor
 
@@ -21,6 +23,9 @@ except ImportError as err:  # pragma: no cover - exercised only on a broken inst
 from grlib.hardware import isa as _isa  # noqa: E402
 
 grlib._C.set_isa(_isa.selected())  # GRLIB_ISA, or the widest path this CPU and build have (grlib.hardware.isa)
+# the bf16 attention's vdpbf16ps tiles on the avx512_bf16 path: off unless asked (kernels/cpu/isa.h:
+# measured slower than its float32 tiles so far; the amx path's tiles are always on)
+grlib._C.set_dpbf16_attention(os.environ.get("GRLIB_DPBF16_ATTENTION", "") == "1")
 _ops = torch.ops.grlib
 
 

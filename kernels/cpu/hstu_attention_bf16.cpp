@@ -35,9 +35,6 @@ using bf16::bf;
 using bf16::Gemm;
 using T = float;
 using scalar_t = at::BFloat16;
-// Row strides of Lp-long rows (a multiple of BLK: 2 KiB and up) get SKEW more elements (64 bytes), so
-// that the 16 rows of a tile load do not all fall on the same few L1 sets.
-constexpr int64_t SKEW = 32;
 
 inline const bf* bits(const scalar_t* p) { return reinterpret_cast<const bf*>(p); }
 
@@ -76,6 +73,11 @@ void pack(const scalar_t* src, int64_t stride, int64_t n, int64_t rows, int64_t 
     std::fill(d + D, d + ld, bf(0));
   }
   std::fill(dst + n * ld, dst + rows * ld, bf(0));
+}
+
+// n bf16 values from p into L2 (a prefetch per cache line)
+inline void prefetch_l2(const bf* p, int64_t n) {
+  for (int64_t e = 0; e < n; e += 32) _mm_prefetch(reinterpret_cast<const char*>(p + e), _MM_HINT_T1);
 }
 
 // dst [C, ldd] = src [R, lds]^T for bf16 (R, C: multiples of 32)
@@ -213,21 +215,23 @@ at::Tensor forward_impl(const Args& a, double alpha_in) {
   for (int64_t b = 0; b < a.B; ++b) longest = std::max(longest, p.o[b + 1] - p.o[b]);
   const int64_t workers = p.workers(tasks.size()), Lp = round_up(longest, BLK);
   const int64_t per = Carve::floats({BLK * BLK, BLK * z.Dvk, z.X},
-                                    {Lp * z.Dk, (Lp + SKEW) * z.Dk, Lp * z.Dvk, Lp * z.Dvk, BLK * z.Dk, BLK * (Lp + SKEW)});
+                                    {Lp * z.Dk, Lp * z.Dk, Lp * z.Dvk, Lp * z.Dvk, BLK * z.Dk, BLK * Lp});
   auto bufs = scratch<float>(workers, per);
   run_tasks(tasks, workers, [&](int64_t w, const Task& t) {
     Carve cv{bufs[w].data()};
     T *S = cv.f32(BLK * BLK), *O = cv.f32(BLK * z.Dvk), *tmp = cv.f32(z.X);
-    const int64_t ld = Lp + SKEW;  // rows of KT (in pairs) and W
-    bf *Kb = cv.b16(Lp * z.Dk), *KT = cv.b16(ld * z.Dk), *Vb = cv.b16(Lp * z.Dvk), *VP = cv.b16(Lp * z.Dvk);
-    bf *Qb = cv.b16(BLK * z.Dk), *W = cv.b16(BLK * ld);  // W [BLK, ld]: a query tile's weights of every key
+    // KT [Lp / BLK, Dk / 2, BLK, 2]: each key tile's features in pairs; W [Lp / BLK, BLK, BLK]: a query
+    // tile's weights of every key, by key tile (blocks of 64 columns: Gemm::blocked)
+    bf *Kb = cv.b16(Lp * z.Dk), *KT = cv.b16(Lp * z.Dk), *Vb = cv.b16(Lp * z.Dvk), *VP = cv.b16(Lp * z.Dvk);
+    bf *Qb = cv.b16(BLK * z.Dk), *W = cv.b16(BLK * Lp);
     const int64_t base = p.o[t.b], L = p.o[t.b + 1] - base;
     const int64_t tile0 = per_sequence ? 0 : t.blk, tile1 = per_sequence ? (L + BLK - 1) / BLK : t.blk + 1;
     const int64_t keys = std::min(L, tile1 * BLK), Kr = round_up(keys, BLK);
     const Bias<T> bias = p.bias(t.b, t.h);
     gemm.begin();
     pack(k + base * a.rk + t.h * z.D, a.rk, keys, Kr, z.D, z.Dk, a.act, Kb, tmp);
-    bf16::transpose32(Kb, z.Dk, Kr, z.Dk / 2, KT, 2 * ld);  // KT [Dk / 2, ld] pairs
+    for (int64_t j0 = 0; j0 < Kr; j0 += BLK)
+      bf16::transpose32(Kb + j0 * z.Dk, z.Dk, BLK, z.Dk / 2, KT + j0 * z.Dk, 2 * BLK);
     pack(v + base * a.rv + t.h * z.Dv, a.rv, keys, Kr, z.Dv, z.Dvk, a.act, Vb, tmp);
     bf16::pair_rows(Vb, z.Dvk, Kr, z.Dvk, VP);  // VP [Kr / 2, Dvk, 2]
     for (int64_t i0 = tile0 * BLK; i0 < tile1 * BLK; i0 += BLK) {
@@ -235,12 +239,12 @@ at::Tensor forward_impl(const Args& a, double alpha_in) {
       pack(q + (base + i0) * a.rq + t.h * z.D, a.rq, nq, Mq, z.D, z.Dk, a.act, Qb, tmp);
       for (int64_t j0 = 0; j0 < i0 + nq; j0 += BLK) {
         const int64_t nk = std::min(BLK, i0 + nq - j0), Nk = round_up(nk, 16), Kk = round_up(nk, 32);
-        gemm(Mq, Nk, z.Dk, Qb, z.Dk, KT + 2 * j0, 2 * ld, S, BLK, false);  // S [query, key] = q . k
-        weights(S, W + j0, ld, i0, j0, nq, nk, Mq, Kk, p, bias);
+        gemm(Mq, Nk, z.Dk, Qb, z.Dk, KT + j0 * z.Dk, 2 * BLK, S, BLK, false);  // S [query, key] = q . k
+        weights(S, W + j0 * BLK, BLK, i0, j0, nq, nk, Mq, Kk, p, bias);
       }
       // O = W V over every key at once: one float32 accumulator pass (a product per key tile
       // loaded and stored O's tiles each time)
-      gemm(Mq, z.Dvk, round_up(i0 + nq, 32), W, ld, VP, 2 * z.Dvk, O, z.Dvk, false);
+      gemm.blocked(Mq, z.Dvk, round_up(i0 + nq, 32), W, BLK, BLK * BLK, VP, 2 * z.Dvk, O, z.Dvk, false);
       for (int64_t r = 0; r < nq; ++r)
         bf16::round_row(O + r * z.Dvk, reinterpret_cast<bf*>(y + (base + i0 + r) * p.hsv + t.h * z.Dv), z.Dv);
     }
@@ -300,8 +304,8 @@ void backward_single(const Args& a, double alpha_in, const at::Tensor& grad, at:
   // query after it, in pairs of query rows [Lp / 2, BLK, 2]; the key tile (KeyTile)
   const int64_t per = Carve::floats(
       {Lp * z.Dk, z.Dk * BLK, z.Dvk * BLK, BLK * z.X, z.X, BLK * BLK, BLK * BLK, (a.Bt + 1) * BLK, a.P},
-      {Lp * z.Dk, z.Dk * (Lp + SKEW), Lp * z.Dvk, z.Dvk * (Lp + SKEW), Lp * z.Dk, Lp * (Lp + SKEW), Lp * BLK,
-       Lp * BLK, BLK * z.Dk, BLK * z.Dvk, BLK * z.Dk, BLK * z.Dvk});
+      {Lp * z.Dk, z.Dk * Lp, Lp * z.Dvk, z.Dvk * Lp, Lp * z.Dk, Lp * Lp, Lp * BLK, Lp * BLK, BLK * z.Dk,
+       BLK * z.Dvk, BLK * z.Dk, BLK * z.Dvk});
   auto bufs = scratch<float>(workers, per);
   BiasGrads<T> bias_grads(tasks.size(), a.P, a.Bt);
   run_tasks(tasks, workers, [&](int64_t w, const Task& t) {
@@ -311,39 +315,48 @@ void backward_single(const Args& a, double alpha_in, const at::Tensor& grad, at:
     T *S = cv.f32(BLK * BLK), *dW = cv.f32(BLK * BLK);
     const int64_t task = &t - tasks.data();
     BiasAcc acc{a, {cv.f32((a.Bt + 1) * BLK), a.Bt + 1}, cv.f32(a.P), bias_grads.pos(task), bias_grads.time(task)};
-    const int64_t ld = Lp + SKEW;  // rows of Q^T, dO^T and dS
-    bf *Qb = cv.b16(Lp * z.Dk), *QT = cv.b16(z.Dk * ld), *dOb = cv.b16(Lp * z.Dvk), *dOT = cv.b16(z.Dvk * ld);
-    bf *KP = cv.b16(Lp * z.Dk), *dS = cv.b16(Lp * ld), *Wp = cv.b16(Lp * BLK), *dSp = cv.b16(Lp * BLK);
+    // Q^T [Lp / BLK, Dk, BLK] and dO^T by query tile; dS [Lp / BLK, Lp, BLK] by key tile (blocks of 64
+    // columns: Gemm::blocked)
+    bf *Qb = cv.b16(Lp * z.Dk), *QT = cv.b16(z.Dk * Lp), *dOb = cv.b16(Lp * z.Dvk), *dOT = cv.b16(z.Dvk * Lp);
+    bf *KP = cv.b16(Lp * z.Dk), *dS = cv.b16(Lp * Lp), *Wp = cv.b16(Lp * BLK), *dSp = cv.b16(Lp * BLK);
     KeyTile kt{cv.b16(BLK * z.Dk), cv.b16(BLK * z.Dvk), cv.b16(BLK * z.Dk), nullptr, cv.b16(BLK * z.Dvk)};
     acc.clear();
     const int64_t base = p.o[t.b], L = p.o[t.b + 1] - base, Lr = round_up(L, BLK);
     const Bias<T> bias = p.bias(t.b, t.h);
     gemm.begin();
     pack(q + base * a.rq + t.h * z.D, a.rq, L, Lr, z.D, z.Dk, a.act, Qb, kg.tmp);
-    transpose(Qb, z.Dk, Lr, z.Dk, QT, ld);
     pack(g + base * rg + t.h * z.Dv, rg, L, Lr, z.Dv, z.Dvk, false, dOb, kg.tmp);
-    transpose(dOb, z.Dvk, Lr, z.Dvk, dOT, ld);
+    for (int64_t i0 = 0; i0 < Lr; i0 += BLK) {
+      transpose(Qb + i0 * z.Dk, z.Dk, BLK, z.Dk, QT + i0 * z.Dk, BLK);
+      transpose(dOb + i0 * z.Dvk, z.Dvk, BLK, z.Dvk, dOT + i0 * z.Dvk, BLK);
+    }
     for (int64_t j0 = 0; j0 < L; j0 += BLK) {
       const int64_t nk = std::min(BLK, L - j0), Nk = round_up(nk, 16), Kk = round_up(nk, 32);
       kt.KP = KP + j0 * z.Dk;  // key rows j0 .. j0 + BLK in pairs
       kt.pack(a, z, base + j0, t.h, nk, kg.tmp);
       for (int64_t i0 = j0; i0 < L; i0 += BLK) {
         const int64_t nq = std::min(BLK, L - i0), Mq = round_up(nq, 16), Kq = round_up(nq, 32);
+        if (i0 + BLK < L) {  // the next query tile's rows into L2 while this one computes (a sequence's Q and
+          // dO outgrow L2 at a few thousand tokens, and tile loads wait on each miss)
+          prefetch_l2(Qb + (i0 + BLK) * z.Dk, BLK * z.Dk);
+          prefetch_l2(dOb + (i0 + BLK) * z.Dvk, BLK * z.Dvk);
+        }
         gemm(Mq, Nk, z.Dk, Qb + i0 * z.Dk, z.Dk, kt.KT, 2 * BLK, S, BLK, false);     // S = q . k
         gemm(Mq, Nk, z.Dvk, dOb + i0 * z.Dvk, z.Dvk, kt.VT, 2 * BLK, dW, BLK, false);  // dW = dO V^T
-        tile_backward(S, dW, dS + i0 * ld + j0, ld, i0, j0, nq, nk, Mq, Nk, Kk, p, bias, &acc);
+        tile_backward(S, dW, dS + j0 * Lp + i0 * BLK, BLK, i0, j0, nq, nk, Mq, Nk, Kk, p, bias, &acc);
         bf16::pair_rows_f32(S, BLK, nq, Kq, Nk, Wp + (i0 - j0) * Nk);
         bf16::pair_rows_f32(dW, BLK, nq, Kq, Nk, dSp + (i0 - j0) * Nk);
       }
       // over every query at or after the key tile at once (K = the queries): dV_j^T = dO^T W, dK_j^T = Q^T dS
       const int64_t Kt = round_up(L - j0, 32);
-      gemm(z.Dvk, Nk, Kt, dOT + j0, ld, Wp, 2 * Nk, kg.dVT, BLK, false);
-      gemm(z.Dk, Nk, Kt, QT + j0, ld, dSp, 2 * Nk, kg.dKT, BLK, false);
+      gemm.blocked(z.Dvk, Nk, Kt, dOT + j0 * z.Dvk, BLK, z.Dvk * BLK, Wp, 2 * Nk, kg.dVT, BLK, false);
+      gemm.blocked(z.Dk, Nk, Kt, QT + j0 * z.Dk, BLK, z.Dk * BLK, dSp, 2 * Nk, kg.dKT, BLK, false);
       kg.write(a, z, p, base + j0, t.h, nk, dk, dv);
     }
     for (int64_t i0 = 0; i0 < L; i0 += BLK) {  // dQ_i = dS_i K over every key at or before the tile at once
       const int64_t nq = std::min(BLK, L - i0);
-      gemm(round_up(nq, 16), z.Dk, round_up(i0 + nq, 32), dS + i0 * ld, ld, KP, 2 * z.Dk, dQ + i0 * z.Dk, z.Dk, false);
+      gemm.blocked(round_up(nq, 16), z.Dk, round_up(i0 + nq, 32), dS + i0 * BLK, BLK, Lp * BLK, KP, 2 * z.Dk,
+                   dQ + i0 * z.Dk, z.Dk, false);
     }
     write_dq(a, z, p, dQ, base, t.h, L, dq, kg.tmp);
     acc.flush();
@@ -451,7 +464,9 @@ void backward_dkv(const Args& a, double alpha_in, const at::Tensor& grad, at::Te
 namespace GRLIB_ISA_NS::hstu {
 
 bool on_bf16_units(const Args& a) {
-  return a.q.scalar_type() == at::kBFloat16 && ::grlib::isa::units() != ::grlib::isa::NONE;
+  const int u = ::grlib::isa::units();
+  return a.q.scalar_type() == at::kBFloat16 &&
+         (u == ::grlib::isa::AMX || (u == ::grlib::isa::DPBF16 && ::grlib::isa::dpbf16_attention.load()));
 }
 
 at::Tensor forward_bf16(const Args& a, double alpha) { return forward_impl(a, alpha); }

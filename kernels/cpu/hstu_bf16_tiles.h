@@ -6,6 +6,8 @@
 //     A: bf16 rows (row stride lda elements);
 //     B: "VNNI pairs": row p holds (B[2p, n], B[2p + 1, n]) for n < N, i.e. [K / 2, N, 2] (row stride ldb);
 //     C: float32 rows (row stride ldc); M, N multiples of 16, K a multiple of 32; the operands hold
+//     (Gemm::blocked: A's columns in blocks of 64, akb elements apart, so that long rows need not be
+//     4 KiB and more apart: a tile load of 16 such rows touched 16 pages);
 //     zeros wherever the caller padded them.
 //
 // Both units read the same layouts, so one packing serves both:
@@ -57,7 +59,8 @@ inline void tile_end() { _tile_release(); }
 
 // C [16 MT, 16 NT] (+)= A [16 MT, K] . B [K, 16 NT] (MT, NT: 1 or 2)
 template <int MT, int NT>
-inline void amx_block(int64_t K, const bf* A, int64_t lda, const bf* B, int64_t ldb, float* C, int64_t ldc, bool add) {
+inline void amx_block(int64_t K, const bf* A, int64_t lda, int64_t akb, const bf* B, int64_t ldb, float* C, int64_t ldc,
+                      bool add) {
   const int64_t sa = lda * 2, sb = ldb * 2, sc = ldc * 4;
   if (add) {
     _tile_loadd(0, C, sc);
@@ -71,7 +74,8 @@ inline void amx_block(int64_t K, const bf* A, int64_t lda, const bf* B, int64_t 
     if constexpr (MT > 1 && NT > 1) _tile_zero(3);
   }
   for (int64_t k = 0; k < K; k += 32) {
-    _tile_loadd(4, A + k, sa);
+    const bf* a = A + k / 64 * akb + k % 64;
+    _tile_loadd(4, a, sa);
     _tile_loadd(6, B + k / 2 * ldb, sb);
     _tile_dpbf16ps(0, 4, 6);
     if constexpr (NT > 1) {
@@ -79,7 +83,7 @@ inline void amx_block(int64_t K, const bf* A, int64_t lda, const bf* B, int64_t 
       _tile_dpbf16ps(1, 4, 7);
     }
     if constexpr (MT > 1) {
-      _tile_loadd(5, A + 16 * lda + k, sa);
+      _tile_loadd(5, a + 16 * lda, sa);
       _tile_dpbf16ps(2, 5, 6);
       if constexpr (NT > 1) _tile_dpbf16ps(3, 5, 7);
     }
@@ -90,18 +94,18 @@ inline void amx_block(int64_t K, const bf* A, int64_t lda, const bf* B, int64_t 
   if constexpr (MT > 1 && NT > 1) _tile_stored(3, C + 16 * ldc + 16, sc);
 }
 
-inline void gemm_amx(int64_t M, int64_t N, int64_t K, const bf* A, int64_t lda, const bf* B, int64_t ldb, float* C,
-                     int64_t ldc, bool add) {
+inline void gemm_amx(int64_t M, int64_t N, int64_t K, const bf* A, int64_t lda, int64_t akb, const bf* B,
+                     int64_t ldb, float* C, int64_t ldc, bool add) {
   for (int64_t m = 0; m < M; m += 32) {
     const bool m2 = m + 32 <= M;
     for (int64_t n = 0; n < N; n += 32) {
       const bool n2 = n + 32 <= N;
       const bf *a = A + m * lda, *b = B + n * 2;
       float* c = C + m * ldc + n;
-      if (m2 && n2) amx_block<2, 2>(K, a, lda, b, ldb, c, ldc, add);
-      else if (m2) amx_block<2, 1>(K, a, lda, b, ldb, c, ldc, add);
-      else if (n2) amx_block<1, 2>(K, a, lda, b, ldb, c, ldc, add);
-      else amx_block<1, 1>(K, a, lda, b, ldb, c, ldc, add);
+      if (m2 && n2) amx_block<2, 2>(K, a, lda, akb, b, ldb, c, ldc, add);
+      else if (m2) amx_block<2, 1>(K, a, lda, akb, b, ldb, c, ldc, add);
+      else if (n2) amx_block<1, 2>(K, a, lda, akb, b, ldb, c, ldc, add);
+      else amx_block<1, 1>(K, a, lda, akb, b, ldb, c, ldc, add);
     }
   }
 }
@@ -110,7 +114,8 @@ inline void gemm_amx(int64_t M, int64_t N, int64_t K, const bf* A, int64_t lda, 
 
 // C [R, 16 NV] (+)= A [R, K] . B [K, 16 NV]
 template <int R, int NV>
-inline void dp_block(int64_t K, const bf* A, int64_t lda, const bf* B, int64_t ldb, float* C, int64_t ldc, bool add) {
+inline void dp_block(int64_t K, const bf* A, int64_t lda, int64_t akb, const bf* B, int64_t ldb, float* C, int64_t ldc,
+                     bool add) {
   __m512 acc[R][NV];
 #pragma GCC unroll 6
   for (int i = 0; i < R; ++i)
@@ -123,7 +128,7 @@ inline void dp_block(int64_t K, const bf* A, int64_t lda, const bf* B, int64_t l
 #pragma GCC unroll 6
     for (int i = 0; i < R; ++i) {
       int32_t pair;
-      std::memcpy(&pair, A + i * lda + 2 * p, 4);
+      std::memcpy(&pair, A + i * lda + 2 * p / 64 * akb + 2 * p % 64, 4);
       const __m512bh a = (__m512bh)_mm512_set1_epi32(pair);
 #pragma GCC unroll 4
       for (int v = 0; v < NV; ++v) acc[i][v] = _mm512_dpbf16_ps(acc[i][v], a, b[v]);
@@ -136,21 +141,21 @@ inline void dp_block(int64_t K, const bf* A, int64_t lda, const bf* B, int64_t l
 }
 
 template <int R>
-inline void dp_rows(int64_t N, int64_t K, const bf* A, int64_t lda, const bf* B, int64_t ldb, float* C, int64_t ldc,
-                    bool add) {
+inline void dp_rows(int64_t N, int64_t K, const bf* A, int64_t lda, int64_t akb, const bf* B, int64_t ldb, float* C,
+                    int64_t ldc, bool add) {
   int64_t n = 0;
-  for (; n + 64 <= N; n += 64) dp_block<R, 4>(K, A, lda, B + 2 * n, ldb, C + n, ldc, add);
-  if (n + 32 <= N) dp_block<R, 2>(K, A, lda, B + 2 * n, ldb, C + n, ldc, add), n += 32;
-  if (n < N) dp_block<R, 1>(K, A, lda, B + 2 * n, ldb, C + n, ldc, add);
+  for (; n + 64 <= N; n += 64) dp_block<R, 4>(K, A, lda, akb, B + 2 * n, ldb, C + n, ldc, add);
+  if (n + 32 <= N) dp_block<R, 2>(K, A, lda, akb, B + 2 * n, ldb, C + n, ldc, add), n += 32;
+  if (n < N) dp_block<R, 1>(K, A, lda, akb, B + 2 * n, ldb, C + n, ldc, add);
 }
 
-inline void gemm_dp(int64_t M, int64_t N, int64_t K, const bf* A, int64_t lda, const bf* B, int64_t ldb, float* C,
-                    int64_t ldc, bool add) {
+inline void gemm_dp(int64_t M, int64_t N, int64_t K, const bf* A, int64_t lda, int64_t akb, const bf* B, int64_t ldb,
+                    float* C, int64_t ldc, bool add) {
   int64_t m = 0;
-  for (; m + 6 <= M; m += 6) dp_rows<6>(N, K, A + m * lda, lda, B, ldb, C + m * ldc, ldc, add);
-  if (m + 4 <= M) dp_rows<4>(N, K, A + m * lda, lda, B, ldb, C + m * ldc, ldc, add), m += 4;
-  if (m + 2 <= M) dp_rows<2>(N, K, A + m * lda, lda, B, ldb, C + m * ldc, ldc, add), m += 2;
-  if (m < M) dp_rows<1>(N, K, A + m * lda, lda, B, ldb, C + m * ldc, ldc, add);
+  for (; m + 6 <= M; m += 6) dp_rows<6>(N, K, A + m * lda, lda, akb, B, ldb, C + m * ldc, ldc, add);
+  if (m + 4 <= M) dp_rows<4>(N, K, A + m * lda, lda, akb, B, ldb, C + m * ldc, ldc, add), m += 4;
+  if (m + 2 <= M) dp_rows<2>(N, K, A + m * lda, lda, akb, B, ldb, C + m * ldc, ldc, add), m += 2;
+  if (m < M) dp_rows<1>(N, K, A + m * lda, lda, akb, B, ldb, C + m * ldc, ldc, add);
 }
 
 // The product of the units this pass runs on (isa::units(): AMX or DPBF16).
@@ -158,10 +163,15 @@ struct Gemm {
   bool amx;
   void operator()(int64_t M, int64_t N, int64_t K, const bf* A, int64_t lda, const bf* B, int64_t ldb, float* C,
                   int64_t ldc, bool add) const {
+    blocked(M, N, K, A, lda, 64, B, ldb, C, ldc, add);
+  }
+  // A in blocks of 64 columns (K), `akb` elements apart (a plain row: akb = 64)
+  void blocked(int64_t M, int64_t N, int64_t K, const bf* A, int64_t lda, int64_t akb, const bf* B, int64_t ldb,
+               float* C, int64_t ldc, bool add) const {
     if (amx)
-      gemm_amx(M, N, K, A, lda, B, ldb, C, ldc, add);
+      gemm_amx(M, N, K, A, lda, akb, B, ldb, C, ldc, add);
     else
-      gemm_dp(M, N, K, A, lda, B, ldb, C, ldc, add);
+      gemm_dp(M, N, K, A, lda, akb, B, ldb, C, ldc, add);
   }
   void begin() const {
     if (amx) tile_begin();

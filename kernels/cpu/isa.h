@@ -120,6 +120,11 @@ inline std::string request_amx() {
 
 inline std::atomic<int> current_units{-1};
 
+// Whether the bf16 attention runs its vdpbf16ps tiles on DPBF16 units (else float32 tiles, as on
+// avx512): off unless asked (GRLIB_DPBF16_ATTENTION=1, grlib.ops.cpu), since on the one machine that
+// measured them (an AMX Xeon limited to AVX512-BF16) they were slower than the float32 tiles.
+inline std::atomic<bool> dpbf16_attention{false};
+
 inline bool built_units(int u) { return u == NONE || GRLIB_BUILD_AVX512; }
 
 // The widest units this CPU and build have (AMX only where Linux grants its tile data).

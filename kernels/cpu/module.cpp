@@ -68,6 +68,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       }
     TORCH_CHECK(false, "set_isa: unknown path '", name, "' (amx, avx512_bf16, avx512, avx2, generic)");
   }, "runs every op of grlib._C on the named path from now on");
+  m.def("set_dpbf16_attention", [](bool on) { isa::dpbf16_attention.store(on); },
+        "the bf16 attention's vdpbf16ps tiles on the avx512_bf16 path (else float32 tiles)");
+  m.def("dpbf16_attention", [] { return isa::dpbf16_attention.load(); });
   m.attr("openmp") =
 #ifdef _OPENMP
       true;
