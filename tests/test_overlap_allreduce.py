@@ -192,8 +192,8 @@ def test_train_command_runs_the_overlap_schedule(tmp_path, isolated_outputs, cap
 def test_the_scaling_stage_measures_and_models_the_overlap_schedule():
     """Its 2-rank runs train `overlap` with the spec's buckets; the pipeline model takes it as prefetch
     with the bucketed all-reduce beside backward (grlib.sim.pipeline.Setup.overlap_allreduce)."""
-    from grlib.experiments.scaling_measured import PairSpec, dense_buckets, dist_config
-    from grlib.experiments.scaling_validation import model_setup
+    from grlib.experiments.scaling.measured import PairSpec, dense_buckets, dist_config
+    from grlib.experiments.scaling.validation import model_setup
 
     spec = PairSpec(8, 64, 2, 1, 1, (("sync", 0), ("overlap", 0)), "kk", "flat", 2, (1024,), 1)
     assert dist_config(spec, 2, "overlap", 0).bucket_bytes == spec.bucket_bytes < BUCKET_BYTES

@@ -11,7 +11,8 @@ import pytest
 
 from grlib import results
 from grlib.config import ConfigError, load_ablation
-from grlib.experiments import claims, scaling_charts, scaling_frames, scaling_stage
+from grlib.experiments import claims
+from grlib.experiments.scaling import charts as scaling_charts, frames as scaling_frames, stage as scaling_stage
 from grlib.experiments.claims import Figure
 
 

@@ -146,7 +146,7 @@ def test_one_worker_class_runs_ahead_for_every_schedule():
 # (correctness and timings; its training steps are TrainStep's) and the timing of a linear layer
 # through each GEMM library (gemm_choice)
 MEASURING_BACKWARDS = {"grlib/experiments/negatives_stage.py", "grlib/experiments/kernels_stage.py",
-                       "grlib/experiments/scaling_cluster.py", "grlib/distributed/cost.py", "grlib/bench/ops.py",
+                       "grlib/experiments/scaling/cluster.py", "grlib/distributed/cost.py", "grlib/bench/ops.py",
                        "grlib/bench/device_check.py", "grlib/ops/gemm_choice.py"}
 # A training step's backward: it starts in TrainStep (1 and N ranks: the data-parallel step wraps it) and,
 # under the pipelined schedule, goes on in the communication stream, which runs the item rows' trips

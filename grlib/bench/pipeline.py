@@ -1,7 +1,7 @@
 """Pipelines and scaling (claims C5, C7): schedules measured on 2 gloo ranks, the pipeline model, 8 .. 1536 ranks.
 
 Runs the `ablations.scaling` grid of params.yaml (flags override single fields), the scaling
-stage's method (grlib.experiments.scaling_stage): sync / prefetch / semisync(k) / overlap /
+stage's method (grlib.experiments.scaling.stage): sync / prefetch / semisync(k) / overlap /
 pipelined(k) on 2 gloo ranks
 (per-rank spans, utilisation), the discrete-event model (grlib.sim.pipeline) validated against
 those steps, then the paper preset at cluster scale (TurboGR vs the baseline, every parameter in
@@ -26,7 +26,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> list[dict]:
-    from grlib.experiments import scaling_stage
+    from grlib.experiments.scaling import stage as scaling_stage
 
     cfg = config_from_args(args)
     names = ["schedules", "ranks", "rounds", "pair_steps"]

@@ -15,7 +15,7 @@
 
 The checks read their thresholds from here when they run (`target(key)`), never from a copy:
 kernels_stage.acceptance (C1), balance_stage.acceptance (C2), sparse_stage.acceptance (C3),
-negatives_stage.acceptance (C6), scaling_stage.acceptance (C5, C7 scaling), and the report (C7 MFU, W1).
+negatives_stage.acceptance (C6), scaling.stage.acceptance (C5, C7 scaling), and the report (C7 MFU, W1).
 A percentage is written as the paper writes it (70 %) and compared as a fraction (0.70).
 """
 from __future__ import annotations
@@ -220,16 +220,16 @@ TARGETS: dict[str, Target] = index((
            Method("measured", "2 gloo ranks train the scale's HSTU with a row-sharded item table under "
                               "semisync(k) (input rows looked up k updates early), mean over seeds, full ranking")),
     Target("C5.utilisation", "accelerator utilisation with pipelined stages", _pct(94),
-           (Bound("utilisation", ">=", _pct(94)),), "scaling", "grlib.experiments.scaling_stage.acceptance",
+           (Bound("utilisation", ">=", _pct(94)),), "scaling", "grlib.experiments.scaling.stage.acceptance",
            Method("modelled", PIPELINE_MODEL)),
     Target("C5.measured", "compute / wall per rank, 2 gloo ranks, per schedule", None,
-           (Bound("utilisation", ">=", _pct(94)),), "scaling", "grlib.experiments.scaling_stage.acceptance",
+           (Bound("utilisation", ">=", _pct(94)),), "scaling", "grlib.experiments.scaling.stage.acceptance",
            Method("measured", "per rank and step: forward + loss + backward + optimizer minus the seconds inside "
                               "item all-to-alls, over the wall between step starts (one thread per rank, the "
                               "scale's model and data, sharded items, kk balance)")),
     Target("C5.validation", "the pipeline model's 2-rank step time vs the measured one, per schedule", None,
            (Bound("|predicted / measured - 1|", "<=", _pct(15)),), "scaling",
-           "grlib.experiments.scaling_stage.acceptance",
+           "grlib.experiments.scaling.stage.acceptance",
            Method("modelled", "grlib.sim.pipeline on the compute model fitted to solo steps, gloo's alpha-beta "
                               "fitted here and the steps' exact rows, vs the median measured step")),
     Target("C6.sharing", "negatives per token and step time, shared pool vs per-token negatives",
@@ -262,10 +262,10 @@ TARGETS: dict[str, Target] = index((
                               "no bf16 GEMMs (no avx512_bf16, or GRLIB_ISA below avx512: grlib.hardware.isa)")),
     Target("C7.scaling", "throughput scaling efficiency over devices", Figure(0.97, "ratio"),
            (Bound("scaling efficiency", ">=", Figure(0.97, "ratio")),), "scaling",
-           "grlib.experiments.scaling_stage.acceptance", Method("modelled", PIPELINE_MODEL)),
+           "grlib.experiments.scaling.stage.acceptance", Method("modelled", PIPELINE_MODEL)),
     Target("C7.measured", "weak-scaling efficiency, 2 gloo processes vs 1 (tokens/s per rank)", None,
            (Bound("scaling efficiency", ">=", Figure(0.97, "ratio")),), "scaling",
-           "grlib.experiments.scaling_stage.acceptance",
+           "grlib.experiments.scaling.stage.acceptance",
            Method("measured", "tokens/s per rank, same per-rank batch, one thread per process; 2 processes per "
                               "schedule (and 2 without communication) over 1 process alone")),
     Target("W1.quality", "test NDCG@10 (full ranking, mean over seeds) vs the popularity baseline", None,

@@ -383,7 +383,7 @@ def _scaling(scale: str) -> list[Found]:
     run = _latest_run("scaling", scale)
     if run.height == 0:
         return []
-    from grlib.experiments import scaling_stage
+    from grlib.experiments.scaling import stage as scaling_stage
 
     note = _run_note(run, "scaling")
     return [Found(r["target"], r["check"], Figure.of(r["value"], registry.target(r["target"]).unit).short(),

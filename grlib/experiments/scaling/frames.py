@@ -1,4 +1,4 @@
-"""Rows and estimators of the steps the scaling stage measured (grlib.experiments.scaling_measured).
+"""Rows and estimators of the steps the scaling stage measured (grlib.experiments.scaling.measured).
 
     spans        per rank and step of one 2-rank run: data, forward, loss, backward, comm (all-reduce +
                  the item all-to-alls inside forward / loss / backward), optimizer, idle (wall between

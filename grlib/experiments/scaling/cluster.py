@@ -1,4 +1,4 @@
-"""The paper-preset side of the scaling stage (grlib.experiments.scaling_stage): one layer's MFU
+"""The paper-preset side of the scaling stage (grlib.experiments.scaling.stage): one layer's MFU
 measured here, and the pipeline model at 8 .. 1536 ranks.
 
     mfu_paper   measured: one HSTU layer of the paper preset (d_model, heads) forward + backward on

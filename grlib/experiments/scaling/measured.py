@@ -1,4 +1,4 @@
-"""The measured side of the scaling stage (grlib.experiments.scaling_stage): gloo processes training
+"""The measured side of the scaling stage (grlib.experiments.scaling.stage): gloo processes training
 the scale's model, their per-step spans, and the exact work of each step they trained.
 
     staggered_a2a   an all-to-all timed as training meets it: the peer already asleep inside it
@@ -14,7 +14,7 @@ the scale's model, their per-step spans, and the exact work of each step they tr
 
 Every step's row also carries rq_wait_s and cpu_s: the seconds its main thread waited for a core
 (other jobs' share of the shared cores; Linux schedstat) and ran on one (the thread's CPU clock;
-grlib.experiments.scaling_frames).
+grlib.experiments.scaling.frames).
 """
 from __future__ import annotations
 

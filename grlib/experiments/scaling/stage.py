@@ -5,28 +5,28 @@ Six parts, each a `part` of table `scaling`, with `obtained` measured | modelled
 launch of 2 gloo ranks (one thread each) measures everything but the MFU, in `rounds` rounds on the
 same global batches; the measured figures are those of the typical steps (each batch's median round:
 the cores are shared with other jobs, whose bursts stretch some runs), every step's beside them (_all),
-and the dedicated-core ones (less the time the ranks waited for a core; grlib.experiments.scaling_frames):
+and the dedicated-core ones (less the time the ranks waited for a core; grlib.experiments.scaling.frames):
 
     measured-schedule  measured: the ranks train the scale's model on ragged batches (the scale's data
                        at pair_max_len, sharded items, balance kk) under each schedule (sync, prefetch,
                        semisync(k), overlap, pipelined(k)): step time, per-rank utilisation = compute /
                        wall, per-phase means
     spans              measured: per rank and step, data / forward / loss / backward / comm (all-reduce +
-                       item all-to-alls) / optimizer / idle (grlib.experiments.scaling_frames.spans)
+                       item all-to-alls) / optimizer / idle (grlib.experiments.scaling.frames.spans)
     sim-validation     modelled vs measured: grlib.sim.pipeline predicts each schedule's 2-rank step from
                        the compute model fitted to solo steps, gloo's alpha-beta fitted here and each
                        step's exact work, on dedicated cores (the verdict) and as measured on the
-                       shared machine (grlib.experiments.scaling_validation)
+                       shared machine (grlib.experiments.scaling.validation)
     simulated          modelled: 8 .. 1536 ranks of the gpu-8 preset, TurboGR vs the baseline
-                       (grlib.experiments.scaling_cluster.CONFIGS), utilisation and weak-scaling linearity
+                       (grlib.experiments.scaling.cluster.CONFIGS), utilisation and weak-scaling linearity
     measured-scaling   measured: tokens/s per rank of 1 process (rank 0 alone, rank 1 waiting) and of 2
                        (each schedule; and both solo at once, no communication), same per-rank batch;
                        efficiency = 2 / 1
     mfu-paper          measured: one paper-preset layer's MFU, fused kernel vs padded reference; computed:
-                       the preset's FLOPs per rank step (grlib.experiments.scaling_cluster.mfu_paper)
+                       the preset's FLOPs per rank step (grlib.experiments.scaling.cluster.mfu_paper)
 
 The modelled figures count only when every schedule's 2-rank prediction is within the registry's
-tolerance (C5.validation); acceptance (grlib.experiments.scaling_charts) says so in each verdict.
+tolerance (C5.validation); acceptance (grlib.experiments.scaling.charts) says so in each verdict.
 """
 from __future__ import annotations
 
@@ -41,11 +41,11 @@ from grlib.config import Config, ScalingAblation
 from grlib.distributed.cost import QuadraticCost, calibrate_layer, fit_quadratic
 from grlib.distributed.launch import launch
 from grlib.distributed.schedules import STALE
-from grlib.experiments import scaling_charts as charts
-from grlib.experiments import scaling_cluster as cluster
-from grlib.experiments import scaling_frames as frames
-from grlib.experiments import scaling_measured as measured
-from grlib.experiments.scaling_validation import validation
+from grlib.experiments.scaling import charts as charts
+from grlib.experiments.scaling import cluster as cluster
+from grlib.experiments.scaling import frames as frames
+from grlib.experiments.scaling import measured as measured
+from grlib.experiments.scaling.validation import validation
 
 TABLE = "scaling"
 PARTS = ("measured-schedule", "spans", "sim-validation", "simulated", "measured-scaling", "mfu-paper")

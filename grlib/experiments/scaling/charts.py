@@ -1,4 +1,4 @@
-"""The scaling stage's verdicts, views and charts (grlib.experiments.scaling_stage makes the rows).
+"""The scaling stage's verdicts, views and charts (grlib.experiments.scaling.stage makes the rows).
 
     acceptance   C5.validation (each schedule's 2-rank prediction vs measurement, |error| <= the
                  registry's tolerance), C5.utilisation and C7.scaling (modelled at 1536 ranks, every

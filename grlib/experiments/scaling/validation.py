@@ -11,7 +11,7 @@ averaged (predicted_step_ms_no_jitter: without). Two comparisons, each with its 
 
     dedicated    (the verdict) compute fitted to the solo steps' dedicated compute (at most their main
                  thread's on-CPU seconds), the back-to-back link fit; vs the measured steps' dedicated
-                 walls (less the time the ranks waited for a core; grlib.experiments.scaling_frames):
+                 walls (less the time the ranks waited for a core; grlib.experiments.scaling.frames):
                  the machine the model describes, cores of its own, as the devices it goes on to model
     as measured  compute fitted to the raw solo compute, the staggered link fit (a collective whose
                  peer is asleep inside it: the transfer plus a wake-up, on the loaded machine); vs the
@@ -32,8 +32,8 @@ import polars as pl
 
 from grlib.config import Config, ScalingAblation
 from grlib.distributed.cost import QuadraticCost
-from grlib.experiments import scaling_frames as frames
-from grlib.experiments import scaling_measured as measured
+from grlib.experiments.scaling import frames as frames
+from grlib.experiments.scaling import measured as measured
 from grlib.sim.alltoall import Cluster, fit_link
 from grlib.sim.pipeline import PHASES, Machine, Setup, StepLoad, simulate
 from grlib.sim.scaleout import StepCompute, fit_step_compute
