@@ -72,6 +72,8 @@ def test_failed_run_keeps_the_last_good_notebook_and_saves_the_failed_one(projec
     good = out.read_bytes()
     assert "finished a" in good.decode()
     assert oct(out.stat().st_mode & 0o777) == oct(0o666 & ~_umask())  # the caller's umask, not mkstemp's 0600
+    recorded = json.loads(good)["metadata"]["papermill"]  # the final path, relative to the project root
+    assert (recorded["input_path"], recorded["output_path"]) == ("notebooks/x.ipynb", "executed/x.ipynb")
 
     with pytest.raises(notebooks.NotebookFailed) as err:
         notebooks.run_notebook("x", "smoke", {"fail": "true"}, output=out)

@@ -189,9 +189,25 @@ def _execute(path: Path, out: Path, params: dict[str, Any]) -> None:
         else:
             tmp.unlink(missing_ok=True)
         raise
+    _record_paths(tmp, path, out, Path(root))
     os.replace(tmp, out)
     failed_path(out).unlink(missing_ok=True)  # an earlier failure's notebook is out of date now
     log(f"{label}: done in {_clock(time.monotonic() - start)}")
+
+
+def _record_paths(executed: Path, path: Path, out: Path, root: Path) -> None:
+    """The executed notebook's papermill metadata names its notebook and its own final path (not the
+    temporary file it ran into), relative to the project root where they lie under it: a committed
+    executed notebook names no machine's checkout."""
+    import nbformat
+
+    def shown(p: Path) -> str:
+        p = p.resolve()
+        return str(p.relative_to(root.resolve())) if p.is_relative_to(root.resolve()) else str(p)
+
+    nb = nbformat.read(executed, as_version=nbformat.NO_CONVERT)
+    nb.metadata.setdefault("papermill", {}).update(input_path=shown(path), output_path=shown(out))
+    nbformat.write(nb, executed)
 
 
 def _failure_message(path: Path, out: Path, failed: Path, err: Any) -> str:
