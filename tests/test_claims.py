@@ -320,6 +320,16 @@ def test_c7_mfu_judges_in_bf16_where_the_cpu_has_bf16_units(isolated_outputs):
     assert "its bf16 row would judge (none yet)" in obtained[4]
 
 
+def test_c7_mfu_names_the_device_of_an_imported_device_check_row(isolated_outputs):
+    """A device check's bench_train rows (python -m grlib import-rows) ran on a GPU: the row names the
+    device, not the CPU of the machine that hosted it."""
+    cfg = load_config("laptop")
+    gpu = dict(AMX, device="NVIDIA H100 80GB HBM3", cpu_model="AMD EPYC 9654", cpu_bf16_units=None)
+    results.append_rows("bench_train", [dict(r, isa="cuda") for r in _bf16_rows(0.5, gpu)], cfg)
+    checks = report.claims("laptop").filter(pl.col("target") == "C7.mfu")["check"].to_list()
+    assert checks and all("NVIDIA H100 80GB HBM3" in c and "EPYC" not in c for c in checks), checks
+
+
 def test_c7_mfu_reads_the_cpu_of_older_rows_from_their_nominal_peak(isolated_outputs):
     """Rows from before cpu_id / cpu_bf16_units: the CPU and its bf16 flag from nominal_peak_how (a
     path below avx512 leaves the flags out: its "no bf16 instructions" says nothing), grouped with the

@@ -181,7 +181,8 @@ _FAMILY = r"(family 0x[0-9a-f]+ model 0x[0-9a-f]+)"  # in cpu_id and in nominal_
 
 
 def _with_cpu(table: pl.DataFrame) -> pl.DataFrame:
-    """Columns `cpu` (the CPU's name and family / model; null: not recorded) and `bf16_units` (its
+    """Columns `cpu` (the CPU's name and family / model, or the device a device check's row ran on,
+    not its host CPU; null: not recorded) and `bf16_units` (its
     bf16 flags, "none", or null: not recorded) of every bench_train row: the recorded cpu_model,
     cpu_id and cpu_bf16_units, else what the row's nominal_peak_how says (rows from before those
     columns: its CPU, and its bf16 FLOP per cycle's source, which names the bf16 flag; "no bf16
@@ -197,7 +198,8 @@ def _with_cpu(table: pl.DataFrame) -> pl.DataFrame:
                 .when(how.str.contains("no bf16 instructions", literal=True) & (pl.col("isa") == "avx512"))
                 .then(pl.lit("none")))
     table = table.with_columns(
-        pl.when(name.is_null() & family.is_null()).then(pl.lit(None, pl.String))
+        pl.when(col("device").is_not_null()).then(col("device"))  # a device check's row (import-rows): its GPU
+        .when(name.is_null() & family.is_null()).then(pl.lit(None, pl.String))
         .otherwise(pl.concat_str(name.fill_null("CPU"), pl.lit(" ("), family.fill_null("family not recorded"),
                                  pl.lit(")"))).alias("cpu"),
         pl.coalesce(col("cpu_bf16_units"), from_how,
