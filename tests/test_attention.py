@@ -179,7 +179,7 @@ def test_compiled_kernel_matches_reference_on_bucket_boundaries():
 
 
 def test_gradcheck_float64_compiled_kernel():
-    import grlib.ops.cpu_attention  # noqa: F401
+    import grlib.ops.cpu.attention  # noqa: F401
 
     g = torch.Generator().manual_seed(0)
     offsets = torch.tensor([0, 3, 3, 4, 9])  # lengths 3, 0, 1, 5
@@ -212,7 +212,7 @@ def test_backward_forms_match_reference_on_strided_inputs(case, mode, pad):
     """Both backward forms of the compiled kernel (1: one pass per (sequence, head); 2: two passes per
     tile) against the float64 reference, with q, k, v and dO given as strided views (rows wider than
     H x D, NaN in the gaps: a value read from outside the view would show)."""
-    import grlib.ops.cpu_attention  # noqa: F401
+    import grlib.ops.cpu.attention  # noqa: F401
     from grlib.ops.attention import default_alpha
 
     exact = _run(case, "reference", torch.float64)
@@ -241,7 +241,7 @@ def test_backward_forms_on_long_sequences(mode, sorted_ts):
     """Several 64-token tiles per sequence (partial last tiles), 8 heads, all biases, both forms;
     timestamps in any order (bucket per entry) and sorted (several constant-bucket runs per tile row,
     rows past bucket Bt - 1 one run), forward and backward."""
-    import grlib.ops.cpu_attention  # noqa: F401
+    import grlib.ops.cpu.attention  # noqa: F401
     from grlib.ops.attention import default_alpha
 
     case = _random_case([200, 0, 1, 130, 64, 129], H=8, D=13, Dv=7, P=70, Bt=16, ts=(-10**6, 10**6), seed=2,
@@ -264,7 +264,7 @@ def test_backward_forms_on_long_sequences(mode, sorted_ts):
 def test_backward_is_bitwise_deterministic(mode, sorted_ts):
     """Tasks run in whatever order the workers take them; the gradients (the bias tables' sums
     included) must not depend on it: exact resume and seeded runs rely on that."""
-    import grlib.ops.cpu_attention  # noqa: F401
+    import grlib.ops.cpu.attention  # noqa: F401
 
     g = torch.Generator().manual_seed(0)
     lengths = torch.randint(1, 100, (24,), generator=g)
@@ -280,7 +280,7 @@ def test_backward_is_bitwise_deterministic(mode, sorted_ts):
 
 def test_opcheck_compiled_kernel():
     """Schema, fake (meta) implementations and the autograd registration agree with the kernel."""
-    import grlib.ops.cpu_attention  # noqa: F401
+    import grlib.ops.cpu.attention  # noqa: F401
 
     g = torch.Generator().manual_seed(0)
     offsets = torch.tensor([0, 2, 2, 7])
@@ -351,7 +351,7 @@ def test_bad_input_gets_a_clear_error(impl, change, error, message):
           v=torch.ones(5, 2, 3, dtype=torch.int64)), "floating point"),
 ])
 def test_compiled_kernel_checks_what_python_does_not(change, message):
-    import grlib.ops.cpu_attention  # noqa: F401
+    import grlib.ops.cpu.attention  # noqa: F401
 
     a = _args(**change)
     with pytest.raises(RuntimeError, match=message):

@@ -87,7 +87,7 @@ def test_bf16_backward_forms_on_strided_inputs(path, case, mode, pad):
     """Both backward forms (1: one pass per (sequence, head); 2: by query tile, then by key tile) with
     q, k, v and dO as strided views (NaN in the gaps: a value read from outside the view would show)."""
     _units_or_skip(path)
-    import grlib.ops.cpu_attention  # noqa: F401
+    import grlib.ops.cpu.attention  # noqa: F401
     from grlib.ops.attention import default_alpha
 
     exact = _run(case, "reference", torch.float64)

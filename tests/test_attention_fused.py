@@ -74,7 +74,7 @@ def test_leading_dims_are_flattened_and_restored():
 
 
 def test_gradcheck_float64_and_opcheck():
-    import grlib.ops.cpu_fused  # noqa: F401
+    import grlib.ops.cpu.fused  # noqa: F401
 
     g = torch.Generator().manual_seed(0)
     leaves = [torch.randn(*s, generator=g, dtype=torch.float64, requires_grad=True) for s in ((7, 5), (7, 5), (5,), (5,))]
@@ -111,7 +111,7 @@ def test_layer_norm_mul_dropout_matches_reference(case, threshold, seed):
 
 
 def test_layer_norm_mul_dropout_opcheck_and_bad_words():
-    import grlib.ops.cpu_fused  # noqa: F401
+    import grlib.ops.cpu.fused  # noqa: F401
 
     g = torch.Generator().manual_seed(0)
     x, u = torch.randn(7, 5, generator=g, requires_grad=True), torch.randn(7, 5, generator=g, requires_grad=True)

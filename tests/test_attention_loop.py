@@ -1,4 +1,4 @@
-"""The non-padded peers of the compiled attention (grlib/ops/attention_loop.py): the per-sequence
+"""The non-padded peers of the compiled attention (grlib/ops/loop/attention.py): the per-sequence
 dense loop, eager and torch.compile'd, against the padded reference, forward and every gradient,
 on random ragged batches (empty and length-1 sequences included), with the tolerances of
 tests/test_attention.py."""

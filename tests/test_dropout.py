@@ -96,7 +96,7 @@ def test_dropout_words_kernel_equals_reference(shape, threshold, scale, dtype, s
 
 
 def test_dropout_words_dispatch_opcheck_and_errors():
-    import grlib.ops.cpu_train  # noqa: F401  (fake impl and autograd of the compiled op)
+    import grlib.ops.cpu.dropout  # noqa: F401  (fake impl and autograd of the compiled op)
 
     assert ops.choose("dropout_words", "cpu") == "cpu"
     assert ops.implementations("dropout_words") == ("reference", "cpu")

@@ -56,6 +56,8 @@ def test_many_tokens_on_few_rows_sum_in_token_order():
 
 
 def test_opcheck_and_errors():
+    import grlib.ops.cpu.embedding  # noqa: F401  (the fake impls)
+
     tables, idx, grad = _inputs(9, 8, 5, 4, 3, torch.float32, 0)
     torch.library.opcheck(torch.ops.grlib.embedding_sum.default, (*[t.detach() for t in tables], *idx, 2.0))
     torch.library.opcheck(torch.ops.grlib.embedding_sum_backward.default, (grad, *idx, 5, 4, 3, 2.0, 0))

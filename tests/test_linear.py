@@ -183,6 +183,8 @@ def test_transpose_copy_kernel_equals_reference(m, n, dtype, strided, seed):
 
 
 def test_transpose_copy_opcheck_and_errors():
+    import grlib.ops.cpu.matmul  # noqa: F401  (the fake impl)
+
     torch.library.opcheck(torch.ops.grlib.transpose_copy.default, (torch.randn(37, 19),))
     with pytest.raises(ValueError, match=r"transpose_copy: x must be 2-D \[M, N\], got \(3, 4, 5\)"):
         ops.transpose_copy(torch.randn(3, 4, 5))

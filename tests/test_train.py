@@ -87,7 +87,7 @@ def test_lazy_adam_kernel_errors_name_the_argument():
 def test_lazy_adam_dispatch_and_opcheck():
     """auto is the kernel on CPU; LazyAdam takes the reference for tables the kernel does not take
     (bfloat16, strided); the compiled op's schema (in-place arguments) and fake impl pass opcheck."""
-    import grlib.ops.cpu_train  # noqa: F401  (the fake impl)
+    import grlib.ops.cpu.lazy_adam  # noqa: F401  (the fake impl)
 
     assert ops.choose("lazy_adam_", "cpu") == "cpu"
     assert ops.implementations("lazy_adam_") == ("reference", "cpu")

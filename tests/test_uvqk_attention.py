@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from grlib import ops
 from test_attention import _tol  # the same tolerances
 
-import grlib.ops.cpu_attention  # noqa: F401,E402  (registers the fused op's autograd)
+import grlib.ops.cpu.attention  # noqa: F401,E402  (registers the fused op's autograd)
 
 
 @st.composite

@@ -1,7 +1,7 @@
 """Instruction-set paths of grlib._C, the one this process runs, and the CPU features bf16 needs.
 
 grlib._C holds each kernel compiled once per path (kernels/cpu/isa.h) and runs one of them, chosen
-when grlib.ops.cpu loads the extension:
+when load() loads the extension (grlib.ops.cpu and the compiled probes call it):
 
     amx          avx512, and bf16 attention products on the AMX tile unit   + flags avx512_bf16 amx_bf16 amx_tile
     avx512_bf16  avx512, and bf16 attention products by vdpbf16ps          + flag avx512_bf16
@@ -18,6 +18,7 @@ on an AMX Xeon runs as an AVX512-BF16 CPU without AMX (AMD Zen 4/5). A build wit
 (GRLIB_ISA_BUILD=x86-64-v3, setup.py) has none of the first three. Everything here reads
 /proc/cpuinfo's flags (about a millisecond), never a GEMM or a probe:
 
+    load()              -> grlib._C               loaded once, on selected() (registers torch.ops.grlib)
     selected()          -> "avx2"                 the path this process runs (GRLIB_ISA or the widest)
     current()           -> "avx2"                 the path grlib._C runs now
     with use("generic"): ...                      every op of grlib._C on that path inside the block
@@ -157,21 +158,31 @@ def require_bf16(name: str) -> None:
         raise ConfigError(f"{name}: bf16 is not available on this CPU: {why}; use fp32")
 
 
+@functools.cache
+def load():
+    """grlib._C (the compiled kernels, kernels/cpu/), loaded once per process and set to selected():
+    importing it registers torch.ops.grlib. Fails with instructions when it is not built."""
+    try:
+        import grlib._C as C
+    except ImportError as err:  # pragma: no cover - exercised only on a broken install
+        raise ImportError(
+            "grlib._C (the compiled CPU kernels) is not built: run `make setup`, or "
+            "`pip install --no-build-isolation -e .` after installing torch==2.13.0"
+        ) from err
+    C.set_isa(selected())  # GRLIB_ISA, or the widest path this CPU and build have
+    return C
+
+
 def current() -> str:
     """The path grlib._C runs now."""
-    import grlib.ops.cpu  # noqa: F401  (loads grlib._C and sets the selected path)
-    import grlib._C as C
-
-    return C.isa()
+    return load().isa()
 
 
 @contextlib.contextmanager
 def use(path: str) -> Iterator[str]:
     """Every op of grlib._C runs `path` inside the block (and GRLIB_ISA names it, so that bf16_missing
     and child processes agree); the path before it after. An unavailable path is a ConfigError."""
-    import grlib.ops.cpu  # noqa: F401
-    import grlib._C as C
-
+    C = load()
     before, env = C.isa(), os.environ.get(ENV)
     os.environ[ENV] = path
     try:

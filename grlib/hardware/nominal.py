@@ -167,7 +167,9 @@ class Probe:
 
 def probe(repeats: int = 3) -> Probe:
     """The compiled probes (kernels/cpu/probe.cpp) on this thread, best of `repeats` (thread CPU time)."""
-    import grlib.ops.cpu  # noqa: F401  (loads grlib._C)
+    from grlib.hardware.isa import load
+
+    load()  # grlib._C, which registers the probes in torch.ops.grlib
 
     ops = torch.ops.grlib
     clock = max(a / s for a, s in (ops.probe_clock(200_000) for _ in range(repeats)))

@@ -17,13 +17,16 @@ another floating dtype than q, k, v (e.g. float32 parameters with bfloat16 activ
 are cast to the compute dtype; their gradients come back in their own dtype.
 
 Implementations (grlib.ops.hstu_attention(..., impl=...)): `reference` (this file: pad, dense
-einsum, mask, unpad; the ground truth), `fbgemm` (fbgemm jagged ops around the dense math),
-`cpu` (the fused kernel, kernels/cpu/hstu_*.{h,cpp}), `triton` (CUDA; grlib/ops/
-triton_attention.py), `npu` (torch-npu / fbgemm-ascend; grlib/ops/npu.py), and the non-padded
-peers `loop` / `loop_compile` (dense attention per sequence, eager / torch.compile;
-grlib/ops/attention_loop.py). The compiled `cpu`
+einsum, mask, unpad; the ground truth), `fbgemm` (fbgemm jagged ops around the dense math;
+grlib/ops/fbgemm/attention.py), `cpu` (the fused kernel, kernels/cpu/hstu_*.{h,cpp}; grlib/ops/
+cpu/attention.py), `triton` (CUDA; grlib/ops/triton/attention.py), `npu` (torch-npu /
+fbgemm-ascend; grlib/ops/npu/attention.py), and the non-padded peers `loop` / `loop_compile`
+(dense attention per sequence, eager / torch.compile; grlib/ops/loop/attention.py). The compiled `cpu`
 kernel computes in float32 for bfloat16 / float16 inputs (float64 for float64) and rounds once on
 output, so it is at least as accurate as the reference run in the same low precision.
+
+uvqk_attention(z, n_heads, ...) is HSTU's SiLU, split and attention from the fused projection
+z [T, 4d]: one compiled op with the `cpu` attention, F.silu, chunk and hstu_attention otherwise.
 """
 from __future__ import annotations
 
@@ -33,7 +36,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from grlib.ops import reference as ref
+from grlib.ops import registry
+from grlib.ops.jagged import jagged_to_padded_reference, padded_to_jagged_reference
 
 
 def time_buckets(dt: Tensor, n_buckets: int) -> Tensor:
@@ -87,10 +91,10 @@ def hstu_attention_reference(q: Tensor, k: Tensor, v: Tensor, offsets: Tensor, m
     """Pad to [B, N, H, D], dense einsum, causal mask, unpad. Differentiable by autograd."""
     check_lengths(offsets, max_len)
     T, H = q.shape[0], q.shape[1]
-    pad = lambda t: ref.jagged_to_padded(t.reshape(T, math.prod(t.shape[1:])), offsets, max_len)  # noqa: E731  [B, N, F]
+    pad = lambda t: jagged_to_padded_reference(t.reshape(T, math.prod(t.shape[1:])), offsets, max_len)  # noqa: E731  [B, N, F]
     tp = pad(timestamps)[..., 0] if time_bias is not None else None  # [B, N] int64
     out = padded_attention(pad(q), pad(k), pad(v), tp, offsets, max_len, H, alpha, pos_bias, time_bias)
-    return ref.padded_to_jagged(out, offsets, T).view(T, H, out.shape[-1] // H)
+    return padded_to_jagged_reference(out, offsets, T).view(T, H, out.shape[-1] // H)
 
 
 def padded_attention(qp: Tensor, kp: Tensor, vp: Tensor, tp: Tensor | None, offsets: Tensor, max_len: int,
@@ -123,3 +127,49 @@ def _pointwise_dtype(dtype: torch.dtype) -> torch.dtype:
 
 def default_alpha(dqk: int) -> float:
     return 1.0 / math.sqrt(dqk)
+
+
+registry.register("hstu_attention", "reference", lambda: hstu_attention_reference)
+registry.register("hstu_attention", "fbgemm", registry.lazy("fbgemm.attention", "hstu_attention"))
+registry.register("hstu_attention", "cpu", registry.lazy("cpu.attention", "hstu_attention"))
+registry.register("hstu_attention", "triton", registry.lazy("triton.attention", "hstu_attention"))
+registry.register("hstu_attention", "npu", registry.lazy("npu.attention", "hstu_attention"))
+registry.register("hstu_attention", "loop", registry.lazy("loop.attention", "hstu_attention_loop"))
+registry.register("hstu_attention", "loop_compile", registry.lazy("loop.attention", "hstu_attention_loop_compile"))
+registry.register("uvqk_attention", "cpu", registry.lazy("cpu.attention", "uvqk_attention"))
+
+
+def hstu_attention(q: Tensor, k: Tensor, v: Tensor, offsets: Tensor, max_len: int,
+                   alpha: float | None = None, pos_bias: Tensor | None = None,
+                   time_bias: Tensor | None = None, timestamps: Tensor | None = None,
+                   impl: str = "auto") -> Tensor:
+    """Jagged causal HSTU attention: q, k [T, H, Dqk], v [T, H, Dv] -> [T, H, Dv] (module doc)."""
+    check_attention_args(q, k, v, offsets, max_len, pos_bias, time_bias, timestamps)
+    alpha = default_alpha(q.shape[-1]) if alpha is None else alpha
+    fn = registry.resolve("hstu_attention", q.device, impl)
+    return fn(q, k, v, offsets, max_len, alpha, pos_bias, time_bias, timestamps)
+
+
+def uvqk_attention(z: Tensor, n_heads: int, offsets: Tensor, max_len: int, alpha: float | None = None,
+                   pos_bias: Tensor | None = None, time_bias: Tensor | None = None,
+                   timestamps: Tensor | None = None, impl: str = "auto") -> tuple[Tensor, Tensor]:
+    """HSTU's SiLU, split and attention: z [T, 4d] (the fused projection, columns u | v | q | k) ->
+    (u = SiLU(z_u) [T, d], hstu_attention(SiLU(z_q), SiLU(z_k), SiLU(z_v)) [T, n_heads, d / n_heads]).
+
+    `impl` is the attention's implementation: `cpu` runs one fused kernel (the activations of q, k, v
+    are never written out, and the backward writes dz without a concatenation); the others compose
+    F.silu, chunk and their hstu_attention (the reference of the fused kernel)."""
+    if z.dim() != 2 or z.shape[1] == 0 or z.shape[1] % (4 * n_heads):
+        raise ValueError(f"z must be [T, 4 * n_heads * head_dim] with n_heads={n_heads}, got {tuple(z.shape)}")
+    T, d = z.shape[0], z.shape[1] // 4
+    alpha = default_alpha(d // n_heads) if alpha is None else alpha
+    if registry.choose("hstu_attention", z.device, impl) == "cpu":
+        view = z[:, :d].reshape(T, n_heads, d // n_heads)
+        check_attention_args(view, view, view, offsets, max_len, pos_bias, time_bias, timestamps)
+        return registry.resolve("uvqk_attention", z.device, "cpu")(
+            z, n_heads, offsets, max_len, alpha, pos_bias, time_bias, timestamps)
+    u, v, q, k = F.silu(z).chunk(4, dim=-1)  # 4 x [T, d]
+    shape = (T, n_heads, d // n_heads)
+    attn = hstu_attention(q.reshape(shape), k.reshape(shape), v.reshape(shape), offsets, max_len, alpha,
+                          pos_bias, time_bias, timestamps, impl=impl)
+    return u, attn

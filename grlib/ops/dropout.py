@@ -9,7 +9,7 @@ applied to the gradient.
 
 Implementations (grlib.ops.dropout_words(..., impl=...)): `reference` (this file: the bool mask
 and two products, any device; under autograd it keeps only the bool mask for backward), `cpu`
-(kernels/cpu/dropout.cpp through grlib.ops.cpu_train: one pass, no mask, cast or second product
+(kernels/cpu/dropout.cpp through grlib.ops.cpu.dropout: one pass, no mask, cast or second product
 as passes of their own; bitwise equal to the reference, forward and backward; it keeps the int16
 words for backward).
 """
@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import torch
 from torch import Tensor
+
+from grlib.ops import registry
 
 WORD_MIN, WORD_MAX = -(2**15), 2**15  # threshold range: every word kept .. none kept
 
@@ -44,3 +46,13 @@ def kept(words: Tensor, threshold: int) -> Tensor:
 def dropout_words_reference(x: Tensor, words: Tensor, threshold: int, scale: float) -> Tensor:
     """x [*], words [*] int16 -> x * (words >= threshold) * scale [*] (torch ops, autograd)."""
     return x * kept(words, threshold) * scale
+
+
+registry.register("dropout_words", "reference", lambda: dropout_words_reference)
+registry.register("dropout_words", "cpu", registry.lazy("cpu.dropout", "dropout_words"))
+
+
+def dropout_words(x: Tensor, words: Tensor, threshold: int, scale: float, impl: str = "auto") -> Tensor:
+    """x * (words >= threshold) * scale: x [*] floating, words [*] int16 -> [*] (module doc)."""
+    check_dropout_words_args(x, words, threshold)
+    return registry.resolve("dropout_words", x.device, impl)(x, words, threshold, scale)

@@ -5,14 +5,17 @@
 
 Gradients: d_items[r] sums grad[t] * scale over the tokens with ids[t] = r, except r = padding_idx
 (as nn.Embedding(padding_idx=...)); d_actions and d_gaps sum grad[t] over their rows. The reference
-is torch's embedding, mul and add (autograd). The compiled CPU kernel (kernels/cpu/embedding_sum.cpp)
-does one pass over the tokens forward and one backward, with the same float operations in the same
-order, so its outputs and gradients are bitwise the reference's (tests/test_embedding_sum.py).
+is torch's embedding, mul and add (autograd). The compiled CPU kernel (kernels/cpu/embedding_sum.cpp
+through grlib.ops.cpu.embedding) does one pass over the tokens forward and one backward, with the
+same float operations in the same order, so its outputs and gradients are bitwise the reference's
+(tests/test_embedding_sum.py).
 """
 from __future__ import annotations
 
 import torch.nn.functional as F
 from torch import Tensor
+
+from grlib.ops import registry
 
 
 def check_embedding_sum_args(items: Tensor, actions: Tensor, gaps: Tensor, ids: Tensor, acts: Tensor,
@@ -30,3 +33,16 @@ def embedding_sum_reference(items: Tensor, actions: Tensor, gaps: Tensor, ids: T
                             gap_idx: Tensor, scale: float, padding_idx: int | None) -> Tensor:
     """[T, d] by F.embedding, * and + (autograd)."""
     return F.embedding(ids, items, padding_idx) * scale + F.embedding(acts, actions) + F.embedding(gap_idx, gaps)
+
+
+registry.register("embedding_sum", "reference", lambda: embedding_sum_reference)
+registry.register("embedding_sum", "cpu", registry.lazy("cpu.embedding", "embedding_sum"))
+
+
+def embedding_sum(items: Tensor, actions: Tensor, gaps: Tensor, ids: Tensor, acts: Tensor, gap_idx: Tensor,
+                  scale: float, padding_idx: int | None = None, impl: str = "auto") -> Tensor:
+    """(items[ids] * scale + actions[acts]) + gaps[gap_idx]: tables [rows, d], indices [T] -> [T, d]
+    (module doc)."""
+    check_embedding_sum_args(items, actions, gaps, ids, acts, gap_idx)
+    return registry.resolve("embedding_sum", items.device, impl)(items, actions, gaps, ids, acts, gap_idx, scale,
+                                                                 padding_idx)

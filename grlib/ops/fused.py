@@ -2,7 +2,7 @@
 
 layer_norm_mul(x, u, weight, bias, eps) = LayerNorm(x) * u over the last dim: HSTU's
 `norm_attn(A V) * U` before the output projection. The compiled kernel (kernels/cpu/
-layer_norm_mul.cpp, grlib.ops.cpu_fused) does it in one pass per row and keeps only mean and
+layer_norm_mul.cpp, grlib.ops.cpu.fused) does it in one pass per row and keeps only mean and
 rstd for backward instead of the [N, d] LayerNorm output.
 
 layer_norm_mul_dropout(x, u, weight, bias, eps, words, threshold, scale) = dropout_words(
@@ -14,6 +14,9 @@ from __future__ import annotations
 
 import torch.nn.functional as F
 from torch import Tensor
+
+from grlib.ops import registry
+from grlib.ops.dropout import check_dropout_words_args, dropout_words_reference
 
 
 def check_layer_norm_mul_args(x: Tensor, u: Tensor, weight: Tensor, bias: Tensor, eps: float) -> None:
@@ -36,6 +39,31 @@ def layer_norm_mul_reference(x: Tensor, u: Tensor, weight: Tensor, bias: Tensor,
 def layer_norm_mul_dropout_reference(x: Tensor, u: Tensor, weight: Tensor, bias: Tensor, eps: float, words: Tensor,
                                      threshold: int, scale: float) -> Tensor:
     """x, u [N, d], words [N, d] int16 -> dropout_words(LayerNorm(x) * u) (torch ops, autograd)."""
-    from grlib.ops.dropout import dropout_words_reference
-
     return dropout_words_reference(layer_norm_mul_reference(x, u, weight, bias, eps), words, threshold, scale)
+
+
+registry.register("layer_norm_mul", "reference", lambda: layer_norm_mul_reference)
+registry.register("layer_norm_mul", "cpu", registry.lazy("cpu.fused", "layer_norm_mul"))
+registry.register("layer_norm_mul_dropout", "reference", lambda: layer_norm_mul_dropout_reference)
+registry.register("layer_norm_mul_dropout", "cpu", registry.lazy("cpu.fused", "layer_norm_mul_dropout"))
+
+
+def layer_norm_mul(x: Tensor, u: Tensor, weight: Tensor, bias: Tensor, eps: float = 1e-5,
+                   impl: str = "auto") -> Tensor:
+    """LayerNorm(x) * u over the last dim: x, u [..., d], weight, bias [d] -> [..., d]."""
+    check_layer_norm_mul_args(x, u, weight, bias, eps)
+    fn = registry.resolve("layer_norm_mul", x.device, impl)
+    d = x.shape[-1]
+    return fn(x.reshape(-1, d), u.reshape(-1, d), weight, bias, eps).reshape(x.shape)
+
+
+def layer_norm_mul_dropout(x: Tensor, u: Tensor, weight: Tensor, bias: Tensor, words: Tensor, threshold: int,
+                           scale: float, eps: float = 1e-5, impl: str = "auto") -> Tensor:
+    """dropout_words(LayerNorm(x) * u, words, threshold, scale) over the last dim: x, u, words [..., d]
+    (words int16), weight, bias [d] -> [..., d] in one pass."""
+    check_layer_norm_mul_args(x, u, weight, bias, eps)
+    check_dropout_words_args(x, words, threshold)
+    fn = registry.resolve("layer_norm_mul_dropout", x.device, impl)
+    d = x.shape[-1]
+    return fn(x.reshape(-1, d), u.reshape(-1, d), weight, bias, eps, words.reshape(-1, d), threshold,
+              scale).reshape(x.shape)

@@ -75,14 +75,14 @@ def time_libraries(shape: tuple[int, int, int] = SHAPE, repeats: int = REPEATS) 
     through each library, the two alternating repeat by repeat (2 warm-ups each)."""
     import torch
 
-    from grlib.ops import matmul
+    from grlib.ops import registry
 
     n, d_in, d_out = shape
     g = torch.Generator().manual_seed(0)
     x = torch.randn(n, d_in, generator=g).requires_grad_(True)
     w = torch.randn(d_out, d_in, generator=g).requires_grad_(True)
     b = torch.randn(d_out, generator=g).requires_grad_(True)
-    fns = {"blas": matmul.linear_reference, "onednn": matmul.linear_onednn}
+    fns = {lib: registry.resolve("linear", "cpu", CHOICES[lib]) for lib in ("blas", "onednn")}  # grlib.ops.matmul
     threads, times = torch.get_num_threads(), {name: [] for name in fns}
     for i in range(repeats + 2):
         for name, fn in fns.items():

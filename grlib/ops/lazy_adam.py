@@ -13,13 +13,15 @@ then lr, beta1, beta2, eps. w, exp_avg, exp_avg_sq and step are updated in place
 
 Implementations (grlib.ops.lazy_adam_(..., impl=...)): `reference` (this file: gather the touched
 rows, update them, scatter them back; any device and dtype), `cpu` (kernels/cpu/lazy_adam.cpp
-through grlib.ops.cpu_train: each row read and written once; contiguous float32 / float64 tables,
+through grlib.ops.cpu.lazy_adam: each row read and written once; contiguous float32 / float64 tables,
 see kernel_fits; the same operations in the same order, equal to the reference within rounding).
 """
 from __future__ import annotations
 
 import torch
 from torch import Tensor
+
+from grlib.ops import registry
 
 KERNEL_DTYPES = (torch.float32, torch.float64)  # tables the cpu kernel updates
 
@@ -66,3 +68,16 @@ def _adam_rows(w: Tensor, g: Tensor, m: Tensor, v: Tensor, n: Tensor, lr: float,
     c1 = (1 - beta1 ** n).to(w.dtype)[:, None]  # [R, 1] per-row bias corrections
     c2 = (1 - beta2 ** n).to(w.dtype)[:, None]
     w.sub_(lr * (m / c1) / ((v / c2).sqrt_() + eps))
+
+
+registry.register("lazy_adam_", "reference", lambda: lazy_adam_reference)
+registry.register("lazy_adam_", "cpu", registry.lazy("cpu.lazy_adam", "lazy_adam_"))
+
+
+def lazy_adam_(w: Tensor, grad: Tensor, exp_avg: Tensor, exp_avg_sq: Tensor, step: Tensor, lr: float,
+               beta1: float, beta2: float, eps: float, impl: str = "auto") -> None:
+    """One lazy Adam step in place on the rows of w [V, d] whose grad row is nonzero; moments exp_avg,
+    exp_avg_sq [V, d], per-row step counts step [V] float64 (module doc). The cpu kernel takes
+    contiguous float32 / float64 tables (kernel_fits)."""
+    check_lazy_adam_args(w, grad, exp_avg, exp_avg_sq, step)
+    registry.resolve("lazy_adam_", w.device, impl)(w, grad, exp_avg, exp_avg_sq, step, lr, beta1, beta2, eps)

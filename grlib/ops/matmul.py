@@ -23,7 +23,8 @@ oneDNN takes the right operand strided but copies a strided left one to contiguo
 aten's copy_; x^T [in, N] is made by grlib.ops.transpose_copy instead (the compiled kernel on CPU:
 0.8 against 1.8 ms for [6882, 256] here), the same values in the same layout, so the same product.
 
-transpose_copy(x): x [M, N] -> x^T [N, M] contiguous; reference x.t().contiguous().
+transpose_copy(x): x [M, N] -> x^T [N, M] contiguous; reference x.t().contiguous(), cpu the
+compiled kernel (kernels/cpu/transpose.cpp through grlib.ops.cpu.matmul).
 
 Which one `auto` takes for float32 on CPU (grlib.ops.gemm_choice): the faster of the two as
 measured on the machine at hand, once, and kept for it; GRLIB_GEMM=onednn|blas forces one.
@@ -45,6 +46,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 from torch.utils.flop_counter import register_flop_formula
+
+from grlib.ops import registry
 
 
 def check_linear_args(x: Tensor, weight: Tensor, bias: Tensor | None) -> None:
@@ -86,7 +89,6 @@ class _OneDNNLinear(torch.autograd.Function):
         dx = _gemm_nt(grad, weight.t()) if ctx.needs_input_grad[0] else None  # [N, in]
         dw = None
         if ctx.needs_input_grad[1]:  # [out, in] from (x^T . dy)^T: both transposes dense copies
-            from grlib.ops import transpose_copy
             dw = transpose_copy(_gemm_nt(transpose_copy(x), grad.t()))
         db = grad.sum(0) if ctx.has_bias and ctx.needs_input_grad[2] else None  # [out]
         return dx, dw, db
@@ -141,3 +143,36 @@ def _linear_pointwise_flops(x_shape, w_shape, *args, **kwargs) -> int:
     for s in x_shape[:-1]:
         m *= s
     return 2 * m * x_shape[-1] * w_shape[0]
+
+
+registry.register("linear", "reference", lambda: linear_reference)
+registry.register("linear", "onednn", lambda: linear_onednn)
+registry.register("matmul_nt", "reference", lambda: matmul_nt_reference)
+registry.register("matmul_nt", "onednn", lambda: matmul_nt_onednn)
+registry.register("transpose_copy", "reference", lambda: transpose_copy_reference)
+registry.register("transpose_copy", "cpu", registry.lazy("cpu.matmul", "transpose_copy"))
+
+
+def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None, impl: str = "auto") -> Tensor:
+    """x [..., in] . weight [out, in]^T + bias [out] -> [..., out] (module doc)."""
+    check_linear_args(x, weight, bias)
+    name = registry.choose("linear", x.device, impl)
+    if impl == "auto" and name == "onednn" and x.dtype == torch.float32:  # as measured on this machine (grlib.ops.gemm_choice)
+        from grlib.ops import gemm_choice
+
+        name = gemm_choice.cpu_linear_impl()
+    fn = registry.resolve("linear", x.device, name)
+    return fn(x.reshape(-1, x.shape[-1]), weight, bias).reshape(*x.shape[:-1], weight.shape[0])
+
+
+def matmul_nt(a: Tensor, b: Tensor, impl: str = "auto") -> Tensor:
+    """a [M, K] . b [N, K]^T -> [M, N], no autograd (module doc)."""
+    check_matmul_nt_args(a, b)
+    return registry.resolve("matmul_nt", a.device, impl)(a, b)
+
+
+def transpose_copy(x: Tensor, impl: str = "auto") -> Tensor:
+    """x [M, N] -> x^T [N, M] contiguous, no autograd (module doc)."""
+    if x.dim() != 2:
+        raise ValueError(f"transpose_copy: x must be 2-D [M, N], got {tuple(x.shape)}")
+    return registry.resolve("transpose_copy", x.device, impl)(x)

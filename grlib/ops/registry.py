@@ -1,9 +1,11 @@
 """One dispatcher for every jagged op: picks an implementation by device, or by explicit override.
 
-Implementations register a *loader* (a function returning the op) so that nothing heavy is
-imported, and no device probed, until an op is first used. `auto` takes the first implementation
-registered for the op in the device's preference order; a registered implementation that fails
-to load raises its own error (no silent fallback to a slower path).
+Implementations register a *loader* (a function returning the op; `lazy(module, name)` for one in
+a backend's module) so that nothing heavy is imported, and no device probed, until an op is first
+used; each op's module (grlib.ops.attention, ...) registers its implementations when imported.
+`auto` takes the first implementation registered for the op in the device's preference order; a
+registered implementation that fails to load raises its own error (no silent fallback to a slower
+path).
 
 `preferring(impl)` puts one implementation first for `auto` within a block (every op that has it
 registered), e.g. preferring("reference") runs a model as plain PyTorch (bench train's
@@ -13,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import importlib
 from collections.abc import Callable, Iterator
 
 import torch
@@ -37,6 +40,12 @@ def register(op: str, impl: str, loader: Callable[[], Callable]) -> None:
     if impl not in IMPLS:
         raise ValueError(f"unknown implementation {impl!r}; valid: {', '.join(IMPLS)}")
     _LOADERS.setdefault(op, {})[impl] = loader
+
+
+def lazy(module: str, name: str) -> Callable[[], Callable]:
+    """The loader of grlib.ops.<module>.<name> (e.g. lazy("cpu.attention", "hstu_attention")): the
+    module is imported when the op first resolves to it."""
+    return lambda: getattr(importlib.import_module(f"grlib.ops.{module}"), name)
 
 
 def implementations(op: str) -> tuple[str, ...]:

@@ -1,31 +1,14 @@
-"""The compiled CPU kernels (grlib._C, sources in kernels/cpu/) with their autograd and fake impls.
-
-Importing this module loads the extension and sets its instruction-set path (grlib.hardware.isa:
-GRLIB_ISA, else the widest this CPU and build have); it fails with instructions when it is not built.
-The ops live in torch.ops.grlib and work under autograd, torch.compile (fake tensors) and
-torch.library.opcheck.
+"""The compiled jagged conversions and reductions (kernels/cpu/jagged.cpp; contract grlib/ops/
+jagged.py) with their autograd and fake impls: jagged_to_padded, padded_to_jagged, segment_sum,
+segment_expand.
 """
 from __future__ import annotations
-
-import os
 
 import torch
 from torch import Tensor
 
-try:
-    import grlib._C  # noqa: F401  (registers torch.ops.grlib)
-except ImportError as err:  # pragma: no cover - exercised only on a broken install
-    raise ImportError(
-        "grlib._C (the compiled CPU kernels) is not built: run `make setup`, or "
-        "`pip install --no-build-isolation -e .` after installing torch==2.13.0"
-    ) from err
+import grlib.ops.cpu  # noqa: F401  (loads grlib._C, which registers torch.ops.grlib)
 
-from grlib.hardware import isa as _isa  # noqa: E402
-
-grlib._C.set_isa(_isa.selected())  # GRLIB_ISA, or the widest path this CPU and build have (grlib.hardware.isa)
-# the bf16 attention's vdpbf16ps tiles on the avx512_bf16 path: off unless asked (kernels/cpu/isa.h:
-# measured slower than its float32 tiles so far; the amx path's tiles are always on)
-grlib._C.set_dpbf16_attention(os.environ.get("GRLIB_DPBF16_ATTENTION", "") == "1")
 _ops = torch.ops.grlib
 
 
