@@ -88,7 +88,7 @@ $(TORCHREC_STAMP): $(DEPS_STAMP)
 	touch $@
 
 # The CUDA paths on a bare GPU machine (torch, triton, numpy, pyyaml; no .venv, no grlib._C, nothing
-# installed): grlib/bench/device_check.py, in under 8 minutes on an H100. Its rows go to
+# installed): grlib/probes/device_check/, in under 8 minutes on an H100. Its rows go to
 # $(DEVICE_CHECK_OUT)/device_check.json ($OUT where set); on the CPU side
 # `python -m grlib import-rows DIR/device_check.json` appends them to results/tables/. With
 # DEVICE_CHECK_INTERPRET=1 it runs on CPU at tiny shapes under the Triton interpreter (.venv's triton).
@@ -96,8 +96,8 @@ DEVICE_CHECK_OUT ?= $(if $(OUT),$(OUT),results/adhoc/device_check)
 .PHONY: device-check
 ifeq ($(DEVICE_CHECK_INTERPRET),1)
 device-check: $(TEST_STAMP)
-	$(PY) -m grlib.bench.device_check $(DEVICE_CHECK_OUT)
+	$(PY) -m grlib.probes.device_check $(DEVICE_CHECK_OUT)
 else
 device-check:
-	$(if $(wildcard $(PY)),$(PY),$(PYTHON)) -m grlib.bench.device_check $(DEVICE_CHECK_OUT)
+	$(if $(wildcard $(PY)),$(PY),$(PYTHON)) -m grlib.probes.device_check $(DEVICE_CHECK_OUT)
 endif

@@ -13,8 +13,9 @@ import psutil
 import pytest
 import torch
 
-from grlib.bench import load
+from grlib.bench import load as bench_load
 from grlib.cli import main
+from grlib.experiments import load
 
 
 def _hogs() -> list[psutil.Process]:
@@ -50,7 +51,11 @@ def test_bench_load_rows_and_no_hog_left(isolated_outputs):
         assert loaded["mfu_ratio"] == pytest.approx(loaded["mfu"] / quiet["mfu"])
 
 
-@pytest.mark.parametrize("kind", ["python", "torch"])
+def test_the_command_offers_every_kind_of_hog():
+    assert bench_load.HOG_KINDS == tuple(load.HOG_CODE)
+
+
+@pytest.mark.parametrize("kind", bench_load.HOG_KINDS)
 def test_hogs_are_stopped_when_the_block_fails(kind):
     with pytest.raises(KeyError):
         with load.cpu_hogs(2, 60, kind) as hogs:
@@ -83,7 +88,7 @@ def _gone(pid: int) -> bool:
 
 def test_a_hog_ends_with_the_process_that_started_it():
     # the child sleeps (60 s) only to outlive its kill below; nothing times it
-    code = ("import time; from grlib.bench import load\n"
+    code = ("import time; from grlib.experiments import load\n"
             "with load.cpu_hogs(1, 60) as h:\n    print(h.procs[0].pid, flush=True)\n    time.sleep(60)\n")
     parent = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
     pid = None

@@ -1,6 +1,6 @@
-"""Bench tables fit a 120-column terminal (grlib.bench.common.print_table): the columns a reader
-compares, the others named under the table and kept in the rows; --wide prints every column in
-blocks; long descriptions wrapped; no library warnings or profiler lines unless -v. The line-length
+"""Bench tables fit a 120-column terminal (grlib.bench.common.print_table, laid out by grlib.terminal):
+the columns a reader compares, the others named under the table and kept in the rows; --wide prints
+every column in blocks; long descriptions wrapped; no library warnings or profiler lines unless -v. The line-length
 check of `bench kernels`, `bench data` and `bench pipeline` rides on their own tests
 (test_attention_bench, test_data_cli, test_scaling_stage); `bench train`'s is here."""
 from __future__ import annotations
@@ -9,9 +9,8 @@ import json
 
 import pytest
 
-from grlib.bench import common
-from grlib.bench.common import WIDTH, format_table
 from grlib.cli import main
+from grlib.terminal import WIDTH, format_table
 
 
 def widest(text: str) -> int:
@@ -24,8 +23,7 @@ ROWS = [{"impl": "reference", "step_ms": 12.345678, "speedup_vs_reference": 1.0,
          **{f"figure_{i}_with_a_long_name": i * 2.5 for i in range(8)}, "big": 1.0, "note": "x"}]
 
 
-def test_the_reader_columns_fit_and_the_rest_are_named(monkeypatch):
-    monkeypatch.setattr(common, "show_all", False)
+def test_the_reader_columns_fit_and_the_rest_are_named():
     text = format_table(ROWS, ["impl", "step_ms", ("speedup_vs_reference", "speedup"), "peak_rss_mb"])
     lines = text.splitlines()
     assert lines[0].split() == ["impl", "step_ms", "speedup", "peak_rss_mb"]
@@ -36,9 +34,8 @@ def test_the_reader_columns_fit_and_the_rest_are_named(monkeypatch):
     assert "figure_7_with_a_long_name and note (--wide" in everything and "big" in everything.splitlines()[0]
 
 
-def test_wide_prints_every_column_in_blocks_within_the_width(monkeypatch):
-    monkeypatch.setattr(common, "show_all", True)
-    text = format_table(ROWS)
+def test_wide_prints_every_column_in_blocks_within_the_width():
+    text = format_table(ROWS, every=True)
     assert widest(text) <= WIDTH and "not shown" not in text
     headers = [line.split() for line in text.splitlines() if line.startswith("impl")]
     assert len(headers) >= 2 and all(h[0] == "impl" for h in headers)  # each block repeats the first column

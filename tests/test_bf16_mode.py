@@ -66,7 +66,7 @@ def test_fp32_projection_is_the_plain_linear_without_casts():
 
 @needs_bf16
 def test_bf16_trains_a_few_steps_and_the_loss_falls():
-    from grlib.bench.train_steps import batches as _batches, build_schedule as _build_schedule
+    from grlib.experiments.mfu_steps import batches as _batches, build_schedule as _build_schedule
 
     cfg = load_config("smoke", {"model.precision": "bf16", "model.attention_impl": "cpu", "model.dropout": 0.0})
     data, batches = _batches(cfg, 12)

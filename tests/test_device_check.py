@@ -1,4 +1,4 @@
-"""The GPU device check (grlib/bench/device_check.py, `make device-check`) run on CPU under the
+"""The GPU device check (grlib/probes/device_check/, `make device-check`) run on CPU under the
 Triton interpreter (DEVICE_CHECK_INTERPRET=1), with the packages a bare GPU image lacks made
 unimportable; its JSON rows appended to result tables by `python -m grlib import-rows`; and its
 one-line refusal without CUDA and without that variable."""
@@ -19,7 +19,7 @@ ROOT = Path(__file__).resolve().parents[1]
 HAS_TRITON = importlib.util.find_spec("triton") is not None
 ABSENT = ("polars", "altair", "papermill", "dvc", "psutil", "fbgemm_gpu")  # not on the GPU image
 
-# the check as `python -m grlib.bench.device_check`, with ABSENT raising ImportError on import
+# the check as `python -m grlib.probes.device_check`, with ABSENT raising ImportError on import
 WITHOUT = textwrap.dedent(f'''
     import importlib.abc, runpy, sys
 
@@ -30,7 +30,7 @@ WITHOUT = textwrap.dedent(f'''
 
     sys.meta_path.insert(0, Absent())
     sys.argv = ["device_check", *sys.argv[1:]]
-    runpy.run_module("grlib.bench.device_check", run_name="__main__")
+    runpy.run_module("grlib.probes.device_check", run_name="__main__")
 ''')
 
 
@@ -98,7 +98,7 @@ def test_import_rows_refuses_a_file_without_rows_in_one_line(tmp_path):
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA: the check would run, not refuse")
 def test_without_cuda_and_without_the_variable_it_refuses_in_one_line(tmp_path):
-    proc = subprocess.run([sys.executable, "-m", "grlib.bench.device_check", str(tmp_path)], cwd=ROOT,
+    proc = subprocess.run([sys.executable, "-m", "grlib.probes.device_check", str(tmp_path)], cwd=ROOT,
                           capture_output=True, text=True, env=_env(), timeout=120)
     assert proc.returncode == 2 and proc.stdout == ""
     assert proc.stderr.startswith("error: device check: no CUDA device here") and len(proc.stderr.splitlines()) == 1
@@ -108,9 +108,9 @@ def test_without_cuda_and_without_the_variable_it_refuses_in_one_line(tmp_path):
 def test_a_part_out_of_time_says_so_and_the_next_part_runs():
     import time
 
-    from grlib.bench import device_check
+    from grlib.probes.device_check.base import INTERPRETED, Run
 
-    run = device_check.Run(True, device_check.INTERPRETED)
+    run = Run(True, INTERPRETED)
     run.part("slow", lambda r: time.sleep(10), budget=0.3)
     run.part("next", lambda r: "ran")
     assert run.parts["slow"]["status"] == "out of time" and run.parts["slow"]["seconds"] < 5

@@ -32,6 +32,9 @@ RULES = {
     "grlib.cli": "faces",
     "grlib.bench": "faces",
     "grlib.experiments": "experiments",
+    # programs a measurement runs in a fresh process or on a bare GPU machine (the device check): they
+    # import what they measure and no more (no altair, which the package grlib.experiments loads)
+    "grlib.probes": "experiments",
     "grlib.data": "library",
     "grlib.model": "library",
     "grlib.ops": "library",
@@ -54,6 +57,7 @@ RULES = {
     "grlib.progress": "base",
     "grlib.threads": "base",
     "grlib.jagged": "base",
+    "grlib.terminal": "base",  # tables within 120 columns, library noise kept off the terminal
     # the log schema (column names, action bits, reserved item ids, DataError): a vocabulary with no
     # grlib import, read by the config's checks and by every layer above
     "grlib.schema": "base",

@@ -142,12 +142,13 @@ def test_one_worker_class_runs_ahead_for_every_schedule():
 
 
 # The modules that call .backward() to measure, never in a training step: one layer or the loss alone
-# (kernels, calibrations, the negatives ablation's memory), bench ops, the device check's kernels
+# (kernels, calibrations, the negatives ablation's memory), bench ops' timing, the device check's kernels
 # (correctness and timings; its training steps are TrainStep's) and the timing of a linear layer
 # through each GEMM library (gemm_choice)
 MEASURING_BACKWARDS = {"grlib/experiments/negatives_stage.py", "grlib/experiments/kernels_stage.py",
-                       "grlib/experiments/scaling/cluster.py", "grlib/distributed/cost.py", "grlib/bench/ops.py",
-                       "grlib/bench/device_check.py", "grlib/ops/gemm_choice.py"}
+                       "grlib/experiments/scaling/cluster.py", "grlib/distributed/cost.py",
+                       "grlib/experiments/ops_timing.py", "grlib/probes/device_check/attention.py",
+                       "grlib/probes/device_check/kernels.py", "grlib/ops/gemm_choice.py"}
 # A training step's backward: it starts in TrainStep (1 and N ranks: the data-parallel step wraps it) and,
 # under the pipelined schedule, goes on in the communication stream, which runs the item rows' trips
 # back to their owners from the gradients the step's own backward handed over through the rows' hooks

@@ -1,12 +1,9 @@
-"""Benchmark commands (`python -m grlib bench NAME`): each prints a table, writes result rows and
-optionally JSON, and measures its baseline in the same run. The rows go to the ad-hoc tables
-(results/adhoc/tables/, not in git) unless --record adds them to the committed results/tables/;
-the command says where they went.
-
-Tables fit 120 columns (grlib.bench.common.print_table): the columns a reader compares, the rest
-in the rows, the JSON and the result tables; --wide prints every column. Library warnings (torch
-dynamo's graph breaks, UserWarnings) and the profiler's USDT lines are kept off the terminal
-unless -v / --verbose.
+"""Benchmark commands (`python -m grlib bench NAME`): each parses its arguments, runs its method (in
+grlib.experiments, which measures the baseline in the same run), prints a table within 120 columns
+(grlib.bench.common.print_table; --wide: every column) and writes result rows, optionally JSON. The
+rows go to the ad-hoc tables (results/adhoc/tables/, not in git) unless --record adds them to the
+committed results/tables/; the command says where they went. Library warnings and the profiler's
+USDT lines are kept off the terminal unless -v / --verbose (grlib.terminal).
 
 Each entry of BENCHES names a module with `add_arguments(parser)` and `run(args) -> list[dict]`.
 A bench module is imported only when the command line names it, and imports its experiment (and
@@ -84,13 +81,13 @@ def _summary(module: str) -> str:
 
 
 def _run(mod, args: argparse.Namespace) -> int:
-    from grlib import io, results
+    from grlib import io, results, terminal
     from grlib.bench import common
 
-    common.show_all, common.verbose = args.wide, args.verbose
-    with results.adhoc(not args.record) as sink, common.library_noise(args.verbose):
+    common.show_all, terminal.verbose = args.wide, args.verbose
+    with results.adhoc(not args.record) as sink, terminal.library_noise(args.verbose):
         rows = mod.run(args)
     if args.json:
         io.atomic_write_text(Path(args.json), json.dumps(rows, indent=2) + "\n")
-    print(common.wrap(sink.note()))
+    print(terminal.wrap(sink.note()))
     return 0

@@ -1,4 +1,4 @@
-"""`python -m grlib import-rows FILE.json ...`: the rows of a device check (grlib.bench.device_check,
+"""`python -m grlib import-rows FILE.json ...`: the rows of a device check (grlib.probes.device_check,
 OUT/device_check.json, measured on another machine) appended to the committed result tables.
 
     python -m grlib import-rows device_check.json [--adhoc]
@@ -22,7 +22,7 @@ REQUIRED = ("table", "run_id", "git_rev", "params_hash", "scale", "hardware", "t
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("import-rows", help="append a device check's JSON rows (grlib.bench.device_check) to the "
+    p = sub.add_parser("import-rows", help="append a device check's JSON rows (grlib.probes.device_check) to the "
                                            "committed result tables")
     p.add_argument("files", nargs="+", type=Path, help="device_check.json files")
     p.add_argument("--adhoc", action="store_true", help="append to results/adhoc/tables/ (not in git) instead")

@@ -36,7 +36,7 @@ from grlib.io import atomic_write
 from grlib.schema import LOG_COLUMNS
 
 if TYPE_CHECKING:  # polars is imported where a log is made: the length model (LENGTH_*, user_lengths,
-    # kuairand_lengths) imports without it (grlib.bench.device_check on a GPU machine without polars)
+    # kuairand_lengths) imports without it (grlib.probes.device_check on a GPU machine without polars)
     import polars as pl
 
 # Lognormal fit to the KuaiRand-27K interactions-per-user quantiles (median, p90, p99).

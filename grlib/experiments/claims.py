@@ -246,7 +246,7 @@ TARGETS: dict[str, Target] = index((
            (Bound("step time vs pre-sampled", "<=", _x(1.05)),), "negatives", "grlib.experiments.negatives_stage.acceptance",
            Method("measured", "median step time, same batches, interleaved rounds")),
     Target("C7.mfu", "model FLOPs utilisation of a training step", _pct(54.71),
-           (Bound("MFU", ">=", _pct(54.71)),), "bench_train", "grlib.bench.train.run",
+           (Bound("MFU", ">=", _pct(54.71)),), "bench_train", "grlib.experiments.mfu.measure",
            Method("measured", "useful HSTU FLOPs (real lengths) per second of whole training steps / this "
                               "machine's nominal peak in the row's precision (cores x FLOP per cycle x clock: the "
                               "paper's convention); beside it the same over the GEMM peak of that precision measured "

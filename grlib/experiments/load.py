@@ -1,8 +1,9 @@
-"""Training step and GEMM peak under a concurrent CPU hog: quiet, then loaded, per OpenMP wait policy.
+"""Training step and GEMM peak under a concurrent CPU hog (`bench load`): quiet, then loaded, per
+OpenMP wait policy.
 
 For each wait policy (default: PASSIVE, grlib's choice, and libgomp's own default) one fresh
 subprocess (libgomp reads the policy when it loads) trains the scale's HSTU with the trainer itself
-(grlib.train.train: data, forward, loss, backward, optimizer per step), twice:
+(grlib.fit.train: data, forward, loss, backward, optimizer per step), twice:
 
     quiet    GEMM peak, `--warmup` + `--steps` training steps, GEMM peak (perf.measured_peak)
     loaded   the same while `--hogs` busy processes run (each bounded by --hog-seconds and by the
@@ -15,14 +16,9 @@ on the loaded row the ratios loaded / quiet. `wall_peak` / `mfu_wall_peak`: the 
 times alone, which the hogs cut by their share of the cores. The targets for grlib's choice: a
 loaded step at most 3x the quiet one, a loaded MFU at most 1.10x the quiet one (an MFU that rises
 under load means the peak took more of the load than the steps did).
-Rows go to the `bench_load` result table (grlib.results).
-
-    python -m grlib bench load --scale smoke              # about a minute on 2 cores
-    python -m grlib bench load --scale laptop --steps 6   # a laptop-shaped step
 """
 from __future__ import annotations
 
-import argparse
 import contextlib
 import dataclasses
 import json
@@ -38,12 +34,10 @@ from pathlib import Path
 
 import psutil
 
-from grlib import results, threads
-from grlib.bench.common import positive_int, print_table
-from grlib.config import config_from_args, load_config, parse_overrides
+from grlib import threads
+from grlib.config import Config, load_config
 
-# torch and the trainer are imported in the functions that run them (the child's): the parser
-# imports this module, and `bench load --help` answers without torch (tests/test_cli_startup.py)
+# torch and the trainer are imported in the functions that run them (the child's)
 
 HOG_MARKER = "grlib-bench-load-hog"
 # Busy work that ends after argv[1] seconds, or as soon as the process that started it is gone; it
@@ -71,50 +65,25 @@ while time.monotonic() < end and os.getppid() == parent:
     time.sleep(0.001)
 """,
 }
-POLICY_CHOICES = {"passive": "PASSIVE", "active": "ACTIVE", "default": "default"}
 CHILD_TIMEOUT_S = 900
 STEP_TARGET, MFU_TARGET = 3.0, 1.10  # loaded / quiet, for grlib's choice
-COLUMNS = {"policy": "wait_policy", "threads": "threads", "grlib": "grlib_choice", "condition": "condition",
-           "step_ms": "step_ms", "peak_GFLOP/s": "peak_gflops", "wall_peak": "peak_wall_gflops", "mfu": "mfu",
-           "step_x": "step_ratio", "mfu_x": "mfu_ratio", "load_1m": "loadavg_1m"}
 
 
-def _policies(text: str) -> list[str]:
-    names = [s.strip().lower() for s in text.split(",") if s.strip()]
-    if not names or any(n not in POLICY_CHOICES for n in names):
-        raise argparse.ArgumentTypeError(f"expected comma-separated names from {', '.join(POLICY_CHOICES)}, "
-                                         f"got {text!r}")
-    return list(dict.fromkeys(POLICY_CHOICES[n] for n in names))
+@dataclasses.dataclass(frozen=True)
+class Options:
+    """Timed and untimed training steps per condition, the busy processes of the loaded condition
+    (how many, python or torch, the upper bound on their life), the OpenMP wait policies (PASSIVE,
+    ACTIVE, default: libgomp's own), each in a fresh process, the torch threads to measure each
+    with (None: grlib's), and the square GEMM sizes of the peak (None: grlib.hardware.PEAK_SIZES)."""
 
-
-def _seconds(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        value = math.nan
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"expected seconds > 0, got {text!r}")
-    return value
-
-
-def _count(text: str) -> int:
-    return 0 if text.strip() == "0" else positive_int(text)
-
-
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--steps", type=positive_int, default=20, help="timed training steps per condition")
-    p.add_argument("--warmup", type=_count, default=3, help="untimed training steps first")
-    p.add_argument("--hogs", type=positive_int, default=2, help="busy processes of the loaded condition")
-    p.add_argument("--hog-kind", choices=tuple(HOG_CODE), default="python",
-                   help="python: pure-Python busy loops; torch: torch jobs with torch's default OpenMP settings")
-    p.add_argument("--hog-seconds", type=_seconds, default=120.0,
-                   help="upper bound on a hog's life (they are stopped when the loaded measurement ends)")
-    p.add_argument("--policies", type=_policies, default="passive,default",
-                   help=f"comma-separated OpenMP wait policies, each in a fresh process ({', '.join(POLICY_CHOICES)})")
-    p.add_argument("--threads", type=positive_int, nargs="+", default=None,
-                   help="torch threads to measure each policy with (default: grlib's, see grlib.threads)")
-    p.add_argument("--peak-sizes", type=positive_int, nargs="+", default=None,
-                   help="square GEMM sizes of the peak measurement")
+    steps: int = 20
+    warmup: int = 3
+    hogs: int = 2
+    hog_kind: str = "python"
+    hog_seconds: float = 120.0
+    policies: list[str] = dataclasses.field(default_factory=lambda: ["PASSIVE", "default"])
+    threads: list[int] | None = None
+    peak_sizes: list[int] | None = None
 
 
 class Hogs:
@@ -159,38 +128,28 @@ def cpu_hogs(n: int, seconds: float, kind: str = "python") -> Iterator[Hogs]:
                 p.wait()
 
 
-def run(args: argparse.Namespace) -> list[dict]:
+def measure(scale: str | None, overrides: dict, opt: Options) -> tuple[list[dict], Config, dict]:
+    """Every (policy, threads, condition) row (table bench_load), the config they ran (the scale's with
+    `overrides` and model.name hstu) and grlib's choice ({"wait_policy", "threads"})."""
     from grlib.data.catalog import load_dataset
     from grlib.hardware import PEAK_SIZES
 
-    overrides = {**parse_overrides(args.override), "model.name": "hstu"}  # the children rebuild cfg from these
-    cfg = config_from_args(args, overrides)
+    overrides = {**overrides, "model.name": "hstu"}  # the children rebuild cfg from these
+    cfg = load_config(scale, overrides)
     load_dataset(cfg, "scale")  # prepared once here, not by every child at once
     mine = {"wait_policy": threads.inherited_policy(), "threads": threads.policy()["threads"]}
-    spec = {"scale": cfg.scale, "overrides": overrides, "steps": args.steps, "warmup": args.warmup,
-            "hogs": args.hogs, "hog_kind": args.hog_kind, "hog_seconds": args.hog_seconds,
-            "peak_sizes": args.peak_sizes or list(PEAK_SIZES)}
+    spec = {"scale": cfg.scale, "overrides": overrides, "steps": opt.steps, "warmup": opt.warmup,
+            "hogs": opt.hogs, "hog_kind": opt.hog_kind, "hog_seconds": opt.hog_seconds,
+            "peak_sizes": opt.peak_sizes or list(PEAK_SIZES)}
     rows = []
     with tempfile.TemporaryDirectory(prefix="grlib-bench-load-") as tmp:
-        for policy in args.policies:
-            for n in dict.fromkeys(args.threads or [mine["threads"]]):
+        for policy in opt.policies:
+            for n in dict.fromkeys(opt.threads or [mine["threads"]]):
                 rows += _run_child({**spec, "policy": policy, "threads": n}, Path(tmp))
     for r in rows:
         r["grlib_choice"] = r["wait_policy"] == mine["wait_policy"] and r["threads"] == mine["threads"]
     _add_ratios(rows)
-    print_table([{k: r[v] for k, v in COLUMNS.items()} for r in rows],
-                f"bench load: scale {cfg.scale}, HSTU {cfg.model.n_layers}x{cfg.model.n_heads} d={cfg.model.d_model}, "
-                f"batch {cfg.train.batch_size} x max_len {cfg.data.max_len}; {args.steps} timed steps per condition, "
-                f"loaded = {args.hogs} busy {args.hog_kind} processes; grlib's choice: {mine['wait_policy']}, "
-                f"{mine['threads']} threads")
-    for r in rows:
-        if r["grlib_choice"] and r["condition"] == "loaded":
-            print(f"targets ({r['wait_policy']}, {r['threads']} threads): loaded step {r['step_ratio']:.2f}x quiet "
-                  f"(<= {STEP_TARGET:g}x: {'met' if r['step_ratio'] <= STEP_TARGET else 'NOT met'}), "
-                  f"loaded MFU {r['mfu_ratio']:.2f}x quiet "
-                  f"(<= {MFU_TARGET:.2f}x: {'met' if r['mfu_ratio'] <= MFU_TARGET else 'NOT met'})")
-    results.append_rows("bench_load", rows, cfg)
-    return rows
+    return rows, cfg, mine
 
 
 def _add_ratios(rows: list[dict]) -> None:
@@ -214,7 +173,7 @@ def _run_child(spec: dict, tmp: Path) -> list[dict]:
         env[threads.POLICY_ENV] = "default"
     else:
         env["OMP_WAIT_POLICY"] = spec["policy"]
-    cmd = [sys.executable, "-m", "grlib.bench.load", str(spec_path), str(out_path)]
+    cmd = [sys.executable, "-m", "grlib.experiments.load", str(spec_path), str(out_path)]
     try:
         rc = subprocess.run(cmd, env=env, timeout=CHILD_TIMEOUT_S).returncode
     except subprocess.TimeoutExpired:
@@ -266,15 +225,14 @@ def _train_steps(cfg, data, n: int) -> list[dict]:
     import torch
 
     from grlib import perf
+    from grlib.fit import train
     from grlib.model import build_model
-    from grlib.train import train
 
     epochs = math.ceil(n / data.n_train_batches(cfg.train.batch_size))
-    train_cfg = dataclasses.replace(cfg.train, max_steps=n, epochs=epochs)
-    torch.manual_seed(train_cfg.seed)
+    run_cfg = cfg.replace({"train.max_steps": n, "train.epochs": epochs})
+    torch.manual_seed(run_cfg.train.seed)
     model = build_model(cfg.model, data.n_items, cfg.data.max_len)
-    fit = train(model, data, train_cfg, cfg.data.max_len, cfg.negatives,
-                flops_fn=lambda batch: perf.batch_flops(batch.offsets, cfg.model))
+    fit = train(model, data, run_cfg, flops_fn=lambda batch: perf.batch_flops(batch.offsets, cfg.model))
     if len(fit.timeline) != n:
         raise RuntimeError(f"bench load: the trainer ran {len(fit.timeline)} steps, {n} asked")
     return fit.timeline
@@ -286,7 +244,7 @@ def _step_seconds(record: dict) -> float:
     return sum(record[f"{p}_s"] for p in PHASES)
 
 
-if __name__ == "__main__":  # the child: python -m grlib.bench.load SPEC.json OUT.json
+if __name__ == "__main__":  # the child: python -m grlib.experiments.load SPEC.json OUT.json
     spec_file, out_file = sys.argv[1:3]
     rows = _measure(json.loads(Path(spec_file).read_text()))
     Path(out_file).write_text(json.dumps(rows))

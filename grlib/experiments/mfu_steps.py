@@ -1,24 +1,23 @@
-"""The measuring parts of `bench train` (grlib.bench.train, the command: its arguments, table and
-rows): the batches, the trainer's schedule around a fresh model (plain or under torch.compile),
-timed steps, the projection GEMMs' rate alone, the GEMM-only bound and the profile's top ops.
-Imported by the command's `run`, so that `bench train --help` does not load torch."""
+"""The measuring parts of C7's MFU method (grlib.experiments.mfu, run by `bench train`): the batches,
+the trainer's schedule around a fresh model (plain or under torch.compile), timed steps, the
+projection GEMMs' rate alone, the GEMM-only bound and the profile's top ops."""
 from __future__ import annotations
 
 import statistics
 import time
 from contextlib import closing
-from pathlib import Path
 
 import numpy as np
 import torch
 from torch import nn
 
 from grlib import hardware, ops, perf
-from grlib.bench.data import peak_rss_mb  # VmHWM of /proc/self/status
 from grlib.data.catalog import load_dataset
 from grlib.fit import assemble
 from grlib.model import build_model
 from grlib.ops import registry
+from grlib.probes.rss import peak_rss_mb, reset_peak_rss
+from grlib.terminal import native_output_filtered
 from grlib.train.step import PHASES
 
 
@@ -69,16 +68,6 @@ def build_schedule(cfg, data, compiled: bool = False):
     model.train()
     model = PlainCompiled(model) if compiled else model
     return assemble(model, data, cfg.train, cfg.negatives)
-
-
-def reset_peak_rss() -> bool:
-    """Sets this process's peak resident set (VmHWM) to its resident set now (Linux: clear_refs 5);
-    False where the kernel does not allow it (then the peak counts from the process's start)."""
-    try:
-        Path("/proc/self/clear_refs").write_text("5")
-    except OSError:
-        return False
-    return True
 
 
 def time_steps(cfg, data, batches, warmup: int, compiled: bool = False) -> tuple[list[dict], float, dict]:
@@ -134,8 +123,6 @@ def gemm_bound(T: int, flops: float, loss_flops: float, cfg, gemm_share: float, 
 def top_ops(cfg, data, batches, n: int, steps: int = 3) -> list[dict]:
     """The n ops with the most self CPU time over `steps` profiled training steps (torch.profiler)."""
     from torch.profiler import ProfilerActivity, profile
-
-    from grlib.bench.common import native_output_filtered
 
     step = build_schedule(cfg, data).step
     it = iter(batches)

@@ -15,7 +15,7 @@ __all__ = ["PHASES", "StepResult", "TrainResult", "TrainStep", "train"]
 
 def __getattr__(name: str):
     """`train` and `TrainResult` load the loop (and with it polars and the data modules) when first
-    named: the step and the optimizers import without them (the device check, grlib.bench.device_check)."""
+    named: the step and the optimizers import without them (the device check, grlib.probes.device_check)."""
     if name in ("TrainResult", "train"):
         from grlib.train import loop
 
