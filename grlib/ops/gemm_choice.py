@@ -72,7 +72,8 @@ def _record_path(key: dict) -> Path:
 
 def time_libraries(shape: tuple[int, int, int] = SHAPE, repeats: int = REPEATS) -> dict[str, float]:
     """Median on-CPU ms (min(wall, process CPU time / threads)) of a linear layer's forward + backward
-    through each library, the two alternating repeat by repeat (2 warm-ups each)."""
+    through each library, the two alternating repeat by repeat (2 warm-ups each); with autograd on,
+    whatever the caller's mode (the first float32 linear may run under torch.no_grad())."""
     import torch
 
     from grlib.ops import registry
@@ -84,14 +85,15 @@ def time_libraries(shape: tuple[int, int, int] = SHAPE, repeats: int = REPEATS) 
     b = torch.randn(d_out, generator=g).requires_grad_(True)
     fns = {lib: registry.resolve("linear", "cpu", CHOICES[lib]) for lib in ("blas", "onednn")}  # grlib.ops.matmul
     threads, times = torch.get_num_threads(), {name: [] for name in fns}
-    for i in range(repeats + 2):
-        for name, fn in fns.items():
-            wall, cpu = time.perf_counter(), time.process_time()
-            fn(x, w, b).sum().backward()
-            wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
-            x.grad = w.grad = b.grad = None
-            if i >= 2:
-                times[name].append(1e3 * min(wall, cpu / threads))
+    with torch.enable_grad():
+        for i in range(repeats + 2):
+            for name, fn in fns.items():
+                wall, cpu = time.perf_counter(), time.process_time()
+                fn(x, w, b).sum().backward()
+                wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+                x.grad = w.grad = b.grad = None
+                if i >= 2:
+                    times[name].append(1e3 * min(wall, cpu / threads))
     return {name: statistics.median(t) for name, t in times.items()}
 
 
