@@ -23,12 +23,11 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from grlib import perf
+from grlib import perf, schedules
 from grlib.config import Config, DistConfig, NegativesConfig, TrainConfig
 from grlib.data.catalog import Dataset, load_dataset
 from grlib.data.sequences import SequenceData
 from grlib.distributed import data_parallel
-from grlib.distributed.schedules import BUCKETED, Schedule
 from grlib.distributed.stream import CommStream
 from grlib.distributed.sharded_embedding import shard_item_table
 from grlib.distributed.topology import side_channel
@@ -58,13 +57,12 @@ def assemble(model: nn.Module, data: SequenceData, cfg: TrainConfig, negatives: 
     topo = runtime.topology
     planner = data_parallel.Planner(path, topo.rank, topo.world, dc.balance, equal_counts=dc.equal_counts,
                                     cost=data_parallel.cost_function(dc, model.cfg), seed=seed)
-    bucketed = dc.schedule in BUCKETED
+    spec = schedules.get(dc.schedule)  # its class and traits (grlib.schedules)
     step = data_parallel.DataParallelStep(model, path, opt, runtime.world_group,
-                                          bucket_bytes=dc.bucket_bytes if bucketed else None)
-    side = side_channel(runtime, dc.timeout_s) if step.tables and dc.schedule != "sync" else None
-    stream = (CommStream(side_channel(runtime, dc.timeout_s))
-              if step.tables and dc.schedule == "pipelined" else None)
-    return Schedule(step, planner, dc.schedule, dc.staleness, side, stream)
+                                          bucket_bytes=dc.bucket_bytes if spec.bucketed else None)
+    side = side_channel(runtime, dc.timeout_s) if step.tables and spec.side_channel else None
+    stream = CommStream(side_channel(runtime, dc.timeout_s)) if step.tables and spec.stream else None
+    return spec.ranks_class()(step, planner, dc.staleness, side, stream)
 
 
 def train(model: nn.Module, data: SequenceData, cfg: TrainConfig, max_len: int, negatives: NegativesConfig, *,

@@ -48,6 +48,7 @@ RULES = {
     "grlib.sim": "library",  # cluster-scale models (balancing, communication)
     "grlib._C": "library",  # the compiled kernels (kernels/cpu), loaded by grlib.hardware.isa (for grlib.ops.cpu)
     "grlib.config": "base",
+    "grlib.schedules": "base",  # the schedule registry: names, traits, model costs; its classes named, imported when built
     "grlib.gemm_limits": "base",  # GRLIB_ISA's limits on the GEMM libraries, set at import like threads
     "grlib.paths": "base",
     "grlib.io": "base",

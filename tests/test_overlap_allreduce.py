@@ -199,7 +199,7 @@ def test_the_scaling_stage_measures_and_models_the_overlap_schedule():
     assert dist_config(spec, 2, "overlap", 0).bucket_bytes == spec.bucket_bytes < BUCKET_BYTES
     assert dist_config(spec, 2, "sync", 0).bucket_bytes == BUCKET_BYTES
     setup = model_setup("overlap", 0, spec, 5)
-    assert (setup.schedule, setup.overlap_allreduce, setup.buckets) == ("prefetch", True, 5)
+    assert (setup.program, setup.overlap_allreduce, setup.buckets) == ("prefetch", True, 5)  # prefetch's lanes
     assert not model_setup("sync", 0, spec, 5).overlap_allreduce
     cfg = load_config("laptop")
     assert dense_buckets(cfg, 1000, 64, spec.bucket_bytes) > 1  # something to overlap at the stage's scale

@@ -18,7 +18,7 @@ from grlib.config import config_from_args
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--schedules", nargs="+", default=None, help="measured schedules (sync prefetch semisync overlap pipelined)")
+    p.add_argument("--schedules", nargs="+", default=None, help="measured schedules (registered in grlib.schedules; default: params.yaml's grid)")
     p.add_argument("--ranks", nargs="+", type=int, default=None, help="modelled ranks")
     p.add_argument("--rounds", type=int, default=None, help="interleaved rounds of the schedules")
     p.add_argument("--pair-steps", type=int, default=None, help="kept steps per run")

@@ -36,6 +36,7 @@ import math
 import os
 from pathlib import Path
 
+from grlib import schedules
 from grlib.config import ConfigError, DistConfig, choices, parse_overrides
 
 KEYS = ("ndcg@10", "hr@10", "mrr", "params", "tokens_per_s", "mfu")
@@ -86,13 +87,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="the item table on every rank, or row-sharded over ranks with a flat or two-stage all-to-all")
     p.add_argument("--dedup", default=None, choices=choices.ITEM_DEDUP,
                    help="sharded items: send each id once per rank, or once per node (hierarchical only)")
-    p.add_argument("--schedule", default=None, choices=choices.SCHEDULES,
-                   help="sync: plan each step inline; prefetch: plan step i+1 (and its id all-to-alls) during step i; "
-                        "semisync: prefetch, and input item rows looked up --staleness steps early; overlap: prefetch, "
-                        "dense gradients all-reduced in buckets during backward; pipelined: semisync + overlap + a "
-                        "sharded item table's all-to-alls on a communication stream")
+    p.add_argument("--schedule", default=None, choices=schedules.names(),
+                   help="; ".join(f"{s.name}: {s.summary}" for s in schedules.specs()) +
+                        f" (registered in grlib.schedules; more: plugin files in ${schedules.PLUGINS_ENV})")
     p.add_argument("--staleness", type=int_at_least(0), default=None,
-                   help="semisync's and pipelined's k (0 = the rows of sync)")
+                   help=f"k of {', '.join(schedules.with_trait('stale'))} (0 = the rows of sync)")
     p.add_argument("--params-only", action="store_true",
                    help="only print every scale's parameter counts (meta device, no data, no training)")
     p.set_defaults(func=run_cli)

@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from grlib import schedules as registry
 from grlib.config import choices
 from grlib.config.fields import (CHECKED_BY_SECTION, FLAG, ConfigError, above, apply, at_least, check, check_fields,
                                   choice, each, param, seed)
@@ -225,7 +226,8 @@ class ScalingAblation:
               lengths at min(mfu_max_len, the preset's max_len)), mfu_repeats timed runs
     """
 
-    schedules: list[str] = param(rule=each(choice(choices.SCHEDULES)), factory=lambda: ["sync", "prefetch", "semisync", "overlap", "pipelined"])
+    # every schedule the pipeline model prices by default (grlib.schedules), params.yaml's grid a subset
+    schedules: list[str] = param(rule=each(choices.SCHEDULE), factory=lambda: list(registry.priced()))
     staleness: int = param(1, at_least(1))
     pair_batch_size: int = param(32, at_least(2))  # even: two ranks of equal shares
     pair_max_len: int = param(1024, at_least(1))

@@ -3,6 +3,8 @@ grlib.config.ablations) and the command-line choices use these tuples; their ord
 error messages list them in."""
 from __future__ import annotations
 
+from grlib import schedules
+from grlib.config.fields import Rule
 from grlib.schema import ACTION_BITS
 
 # data
@@ -39,9 +41,13 @@ BALANCE_COSTS = ("flops", "tokens", "quadratic")  # the per-sequence cost the ba
 BACKENDS = ("auto", "gloo", "nccl", "hccl")
 ITEM_SHARDING = ("replicated", "flat", "hierarchical")  # the item table: on every rank, or row-sharded (all-to-all)
 ITEM_DEDUP = ("none", "rank", "node")  # ids sent once per rank / once per node (hierarchical only)
-SCHEDULES = ("sync", "prefetch", "semisync", "overlap", "pipelined")  # dist.schedule (grlib.distributed.schedules)
 BALANCE_METHODS = ("random", "snake", "lpt", "kk", "contiguous")  # ablations.balance.methods (grlib.distributed.balance.METHODS)
 SHARDED_ITEMS = ("flat", "hierarchical")  # ITEM_SHARDING's row-sharded tables (ablations.semi_async.items, ...)
+
+# dist.schedule, ablations.scaling.schedules: a registered schedule (grlib.schedules; a plugin's too, so
+# the names are read when a value is checked, not when this module is imported)
+SCHEDULE = Rule("must be a registered schedule (grlib.schedules)", lambda v: v in schedules.names(), ("no-such-choice",),
+                lambda v: f"{v!r} is not one of {schedules.names()}")
 
 # modelled clusters (the keys of grlib.sim.alltoall.PRESETS and grlib.sim.scaleout.DEVICES)
 PRESETS = ("gpu-8", "npu-16")  # ablations.sparse.presets, ablations.scaling.preset

@@ -9,6 +9,7 @@ import typing
 from dataclasses import dataclass, field
 from typing import Any
 
+from grlib import schedules
 from grlib.config import choices
 from grlib.config.fields import (FLAG, above, apply, at_least, check, check_fields, choice, each, fraction, nest,
                                   not_below, param, real, seed)
@@ -142,11 +143,11 @@ class DistConfig:
     cost: str = param("flops", choice(choices.BALANCE_COSTS))  # the per-sequence cost the balancer evens out
     # cost "quadratic": (c0, a, b) of c0 + a*s + b*s^2 (grlib.distributed.cost); empty: calibrated at launch
     quadratic: tuple[float, ...] = param((), each(real(), 0))
-    # sync | prefetch (step i+1 planned during step i) | semisync | overlap (prefetch + bucketed all-reduce)
-    # | pipelined (semisync + overlap's buckets + a sharded table's trips on a communication stream)
-    schedule: str = param("prefetch", choice(choices.SCHEDULES))
-    staleness: int = param(0, at_least(0))  # semisync, pipelined: input item rows of batch i+k looked up k updates early
-    # overlap, pipelined: the dense gradients all-reduced in buckets of at most this many bytes during backward
+    # a registered schedule (grlib.schedules: sync, prefetch = step i+1 planned during step i, semisync,
+    # overlap, pipelined, a plugin's); its traits say which of staleness and bucket_bytes it reads
+    schedule: str = param("prefetch", choices.SCHEDULE)
+    staleness: int = param(0, at_least(0))  # stale schedules: input item rows of batch i+k looked up k updates early
+    # bucketed schedules: the dense gradients all-reduced in buckets of at most this many bytes during backward
     bucket_bytes: int = param(25 * 2**20, at_least(1))  # torch DDP's 25 MiB (grlib.distributed.buckets)
     items: str = param("replicated", choice(choices.ITEM_SHARDING))  # the item table on every rank, or row-sharded
     dedup: str = param("rank", choice(choices.ITEM_DEDUP))  # ids de-duplicated before the all-to-all (sharded items)
@@ -157,10 +158,11 @@ class DistConfig:
         check(self.world % self.nodes == 0, "dist.nodes",
               f"must divide dist.world={self.world}: one of "
               f"{[n for n in range(1, self.world + 1) if self.world % n == 0]}, got {self.nodes}")
-        check(self.staleness == 0 or self.schedule in ("semisync", "pipelined"), "dist.staleness",
-              f"must be 0 unless dist.schedule is 'semisync' or 'pipelined'; got {self.staleness} with {self.schedule!r}")
-        check(self.bucket_bytes == 25 * 2**20 or self.schedule in ("overlap", "pipelined"), "dist.bucket_bytes",
-              f"is read by dist.schedule 'overlap' and 'pipelined' only; got {self.bucket_bytes} with {self.schedule!r}")
+        spec, stale, bucketed = schedules.get(self.schedule), schedules.with_trait("stale"), schedules.with_trait("bucketed")
+        check(self.staleness == 0 or spec.stale, "dist.staleness", f"must be 0 unless dist.schedule is "
+              f"{' or '.join(map(repr, stale))}; got {self.staleness} with {self.schedule!r}")
+        check(self.bucket_bytes == 25 * 2**20 or spec.bucketed, "dist.bucket_bytes", f"is read by dist.schedule "
+              f"{' and '.join(map(repr, bucketed))} only; got {self.bucket_bytes} with {self.schedule!r}")
         check(self.dedup != "node" or self.items == "hierarchical", "dist.dedup",
               f"'node' de-duplicates inside the two-stage exchange: needs dist.items='hierarchical', got {self.items!r}")
         check(len(self.quadratic) in (0, 3) and (not self.quadratic or self.cost == "quadratic"), "dist.quadratic",

@@ -34,6 +34,12 @@ that stopped.
 Each step's result carries `stale_fraction` (semisync, pipelined: the share of its looked-up rows
 that an update changed between lookup and use), `t_start` (for per-rank timelines) and the seconds
 spent inside item all-to-alls (`lookup_comm_s`; pipelined: waiting for the stream's rows).
+
+Each schedule is a subclass of RankSchedule named in the registry (grlib.schedules), which holds its
+traits (stale, bucketed, side channel, stream); an instance finds its Spec by its class:
+
+    spec = grlib.schedules.get(dist.schedule)
+    schedule = spec.ranks_class()(step, planner, staleness, side, stream)   # grlib.fit.assemble
 """
 from __future__ import annotations
 
@@ -45,6 +51,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from grlib import schedules
 from grlib.distributed.data_parallel import DataParallelStep, Planner, RankPlan
 from grlib.distributed.sharded_embedding import ShardedRows
 from grlib.distributed.stream import CommStream, StreamGrads, StreamLookup
@@ -54,25 +61,25 @@ from grlib.negatives.path import ATTACHMENT, LocalIds
 from grlib.train.prefetch import PrefetchWorker, SyncSchedule
 from grlib.train.step import StepResult
 
-SCHEDULES = ("sync", "prefetch", "semisync", "overlap", "pipelined")  # overlap plans as prefetch does
-STALE = ("semisync", "pipelined")  # the schedules that take a staleness k
-BUCKETED = ("overlap", "pipelined")  # the schedules whose dense gradients go in buckets during backward
 
+class RankSchedule(SyncSchedule):
+    """One rank's steps under the registered schedule `name` (grlib.schedules) with staleness k (stale
+    schedules only): the N-rank members of the schedule family (grlib.train.prefetch.SyncSchedule:
+    run(batches) -> one StepResult per batch). A subclass is registered under a name
+    (grlib.schedules.Spec.ranks) and reads its traits there."""
 
-class Schedule(SyncSchedule):
-    """One rank's steps under `kind` (SCHEDULES) with staleness k (STALE only): the N-rank member of
-    the schedule family (grlib.train.prefetch.SyncSchedule: run(batches) -> one StepResult per batch)."""
-
-    def __init__(self, step: DataParallelStep, planner: Planner, kind: str = "prefetch", staleness: int = 0,
+    def __init__(self, step: DataParallelStep, planner: Planner, staleness: int = 0,
                  side: Any = None, stream: CommStream | None = None):
-        if kind not in SCHEDULES:
-            raise ValueError(f"schedule must be one of {SCHEDULES}, got {kind!r}")
-        if staleness < 0 or (staleness and kind not in STALE):
-            raise ValueError(f"staleness must be >= 0 and only with schedules {STALE}, got {staleness} with {kind!r}")
-        if stream is not None and kind != "pipelined":
-            raise ValueError(f"a communication stream is the 'pipelined' schedule's, not {kind!r}'s")
+        spec = schedules.of_class(type(self))
+        self.name = spec.name
+        if staleness < 0 or (staleness and not spec.stale):
+            raise ValueError(f"staleness must be >= 0 and only with schedules {schedules.with_trait('stale')}, "
+                             f"got {staleness} with {self.name!r}")
+        if stream is not None and not spec.stream:
+            raise ValueError(f"a communication stream is the {schedules.with_trait('stream')} schedules', not {self.name!r}'s")
         super().__init__(step)
-        self.planner, self.kind, self.k = planner, kind, staleness
+        self.spec = spec
+        self.planner, self.k = planner, staleness
         self.world, self.rank = planner.world, planner.rank
         self.model: nn.Module = step.model
         self.tables = [m for m in self.model.modules() if isinstance(m, ShardedRows)]
@@ -87,7 +94,7 @@ class Schedule(SyncSchedule):
     def _plan(self, batch: JaggedBatch) -> RankPlan:
         """Planner + (sharded items, prefetch) the routes of the plan's two lookups, on the side channel."""
         plan = self.planner(batch)
-        if self.tables and self.kind != "sync":
+        if self.tables and self.spec.side_channel:
             table = self.tables[0]
             loss_ids = LocalIds.of(plan.local.attachments[ATTACHMENT].sample, table.n_rows).distinct
             plan.routes = {"input": (plan.local.item_ids, table.route(plan.local.item_ids, self.side)),
@@ -95,7 +102,7 @@ class Schedule(SyncSchedule):
         return plan
 
     def run(self, batches: Iterable[JaggedBatch]) -> Generator[StepResult, None, None]:
-        if self.kind == "sync":
+        if not self.spec.side_channel:  # nothing built ahead: every step plans inline
             yield from self._steps(self._plan(b) for b in batches)
             return
         try:
@@ -196,3 +203,23 @@ class Schedule(SyncSchedule):
         changed = torch.stack(between).any(0)  # [V]
         return float(changed[ids].float().mean())
 
+
+# the built-in schedules: the registry (grlib.schedules) names each class and holds its traits
+class Sync(RankSchedule):
+    """Plans each step inline."""
+
+
+class Prefetch(RankSchedule):
+    """Plans step i+1 (and its routes) on the worker during step i."""
+
+
+class Semisync(RankSchedule):
+    """Prefetch, and the input rows of batch i+k looked up at the start of step i."""
+
+
+class Overlap(RankSchedule):
+    """Prefetch's plan; the step's dense gradients in buckets (grlib.fit.assemble)."""
+
+
+class Pipelined(RankSchedule):
+    """Semisync's rows, overlap's buckets and a sharded table's trips on the stream."""

@@ -38,20 +38,26 @@ ring all-gather of the P x P split matrix.
 Utilisation of a rank = its compute seconds / wall seconds over the steady steps (after `warm`).
 
     out = simulate(Setup("semisync", 1, "hierarchical"), machine, loads)   # loads: [StepLoad] (grlib.sim.scaleout)
+
+A Setup names a registered schedule (grlib.schedules) and is priced by its ModelCost: plan_ahead
+(the worker lane), rows_ahead (semisync's rows of batch i+k), overlap_allreduce and sparse_stream
+(set on the Setup too, or implied by the cost). A schedule that declares no ModelCost is refused.
     out.step_s, out.utilisation, out.spans
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
 
+from grlib import schedules
+from grlib.schedules import ModelCost
 from grlib.sim.alltoall import Cluster, flat_time, two_stage_time
 
 PHASES = ("forward", "loss", "backward", "optimizer")  # compute phases of StepLoad.compute's rows
-SCHEDULES = ("sync", "prefetch", "semisync")
 ID_BYTES, META_BYTES = 8, 8  # an int64 id; one int64 split size
 
 
@@ -67,8 +73,8 @@ class Machine:
 class Setup:
     """What is modelled: the schedule, the item exchange and what overlaps."""
 
-    schedule: str = "sync"  # SCHEDULES
-    staleness: int = 0  # semisync's k
+    schedule: str = "sync"  # a registered schedule with a model cost (grlib.schedules.priced())
+    staleness: int = 0  # k of a schedule whose model cost looks rows up ahead
     items: str = "flat"  # flat | hierarchical
     node_dedup: float = 1.0  # hierarchical: inter-node bytes factor of per-node de-duplication
     overlap_allreduce: bool = False  # bucketed all-reduce beside backward (needs Machine.streams)
@@ -76,18 +82,42 @@ class Setup:
     sparse_stream: bool = False  # the item table's trips on the stream (needs Machine.streams; not with sync)
 
     def __post_init__(self) -> None:
-        if self.schedule not in SCHEDULES:
-            raise ValueError(f"schedule must be one of {SCHEDULES}, got {self.schedule!r}")
-        if self.staleness < 0 or (self.staleness and self.schedule != "semisync"):
-            raise ValueError(f"staleness must be >= 0, and > 0 only with 'semisync'; got {self.staleness}")
+        cost = model_cost(self.schedule)
+        object.__setattr__(self, "overlap_allreduce", self.overlap_allreduce or cost.overlap_allreduce)
+        object.__setattr__(self, "sparse_stream", self.sparse_stream or cost.sparse_stream)
+        stale = tuple(s.name for s in schedules.specs() if s.model is not None and s.model.rows_ahead)
+        if self.staleness < 0 or (self.staleness and not cost.rows_ahead):
+            raise ValueError(f"staleness must be >= 0, and > 0 only with {stale}; got {self.staleness} with {self.schedule!r}")
         if self.items not in ("flat", "hierarchical"):
             raise ValueError(f"items must be 'flat' or 'hierarchical', got {self.items!r}")
         if not 0 < self.node_dedup <= 1 or (self.node_dedup < 1 and self.items != "hierarchical"):
             raise ValueError(f"node_dedup must be in (0, 1], below 1 only with 'hierarchical'; got {self.node_dedup}")
         if self.buckets < 1:
             raise ValueError(f"buckets must be >= 1, got {self.buckets}")
-        if self.sparse_stream and self.schedule == "sync":
-            raise ValueError("sparse_stream needs the routes built ahead: schedule 'prefetch' or 'semisync', not 'sync'")
+        if self.sparse_stream and not cost.plan_ahead:
+            ahead = tuple(s.name for s in schedules.specs() if s.model is not None and s.model.plan_ahead)
+            raise ValueError(f"sparse_stream needs the routes built ahead: a schedule of {ahead}, not {self.schedule!r}")
+
+    @property
+    def cost(self) -> ModelCost:
+        """The priced lanes: the schedule's model cost with this Setup's overlap and stream."""
+        c = model_cost(self.schedule)
+        return dataclasses.replace(c, overlap_allreduce=self.overlap_allreduce, sparse_stream=self.sparse_stream)
+
+    @property
+    def program(self) -> str:
+        """The registered schedule whose cost is this Setup's main lane alone (no buckets, no stream)."""
+        c = model_cost(self.schedule)
+        return schedules.modelled_as(ModelCost(c.plan_ahead, c.rows_ahead and self.staleness > 0))
+
+
+def model_cost(schedule: str) -> ModelCost:
+    """The ModelCost a registered schedule declares; an unknown or unpriced one fails in one line."""
+    spec = schedules.get(schedule)
+    if spec.model is None:
+        raise ValueError(f"the pipeline model cannot price schedule {schedule!r}: it declares no model cost "
+                         f"(grlib.schedules.Spec.model); priced: {schedules.priced()}")
+    return spec.model
 
 
 @dataclass(frozen=True)
@@ -203,7 +233,7 @@ def simulate(setup: Setup, machine: Machine, loads: Sequence[StepLoad], warm: in
     P = loads[0].ranks
     if any(ld.ranks != P for ld in loads):
         raise ValueError("every StepLoad must have the same number of ranks")
-    k, sync = setup.staleness, setup.schedule == "sync"
+    k, sync = setup.staleness, not setup.cost.plan_ahead
     streams = machine.streams
     comm_lane = "stream" if streams else "main"
     if (setup.overlap_allreduce or setup.sparse_stream) and not streams:

@@ -14,7 +14,7 @@ resume whose identity, train settings, negative path or model differ is refused,
 
 `schedule` is the built schedule the steps come from (its step holds the negative path and the
 optimizers the checkpoints save): by default one process's (grlib.train.prefetch.one_process).
-grlib.fit.assemble builds it for 1 or N ranks; a rank of N (grlib.distributed.schedules.Schedule) runs this
+grlib.fit.assemble builds it for 1 or N ranks; a rank of N (grlib.distributed.schedules.RankSchedule) runs this
 loop on the same global batches and trains its share (the losses are the global batch's). Each rank
 checkpoints its own file, last.rank<r>-of-<N>.pt, and resumes only on the same world size.
 """

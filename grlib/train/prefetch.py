@@ -6,6 +6,9 @@ process's here, a rank of N's in grlib.distributed.schedules).
     prefetch   PrefetchSchedule: a background worker prepares the next `depth` batches' negatives
                (NegativePath.prepare attaches each sample to its batch) while step i computes
 
+Both are the one-process classes of the registered schedules (grlib.schedules) of those names;
+negatives.async_sampling picks one (grlib.schedules.ONE_PROCESS).
+
     worker thread:  wait until item j - depth was taken;  item_j = next(source);  fn(item_j)  ──▶ queue
     training loop:  (item_i, fn(item_i)) = next(worker)  ──▶ data / forward / loss / backward / optimizer
 
@@ -32,6 +35,7 @@ from typing import Generic, TypeVar
 
 from torch import nn
 
+from grlib import schedules
 from grlib.config import NegativesConfig, TrainConfig
 from grlib.jagged import JaggedBatch
 from grlib.negatives import build_negative_path
@@ -139,12 +143,18 @@ class PrefetchWorker(Generic[B, S]):
 
 class SyncSchedule:
     """One step per batch, nothing ahead: the step's loss draws the batch's negatives. The base of
-    the schedule family: PrefetchSchedule here, a rank's grlib.distributed.schedules.Schedule."""
+    the schedule family (registered in grlib.schedules): PrefetchSchedule here, a rank's
+    grlib.distributed.schedules.RankSchedule."""
 
-    world, rank = 1, 0  # one process (grlib.distributed.schedules.Schedule: a rank of N)
+    world, rank = 1, 0  # one process (grlib.distributed.schedules.RankSchedule: a rank of N)
 
     def __init__(self, step: TrainStep):
         self.step = step
+
+    @classmethod
+    def of(cls, step: TrainStep, negatives: NegativesConfig) -> "SyncSchedule":
+        """The one-process schedule around `step` under `negatives` (its queue depth)."""
+        return cls(step)
 
     def run(self, batches: Iterable[JaggedBatch]) -> Generator[StepResult, None, None]:
         feed = iter(batches)
@@ -159,6 +169,10 @@ class PrefetchSchedule(SyncSchedule):
         super().__init__(step)
         self.depth = depth
 
+    @classmethod
+    def of(cls, step: TrainStep, negatives: NegativesConfig) -> "PrefetchSchedule":
+        return cls(step, negatives.queue_depth)
+
     def run(self, batches: Iterable[JaggedBatch]) -> Generator[StepResult, None, None]:
         with PrefetchWorker(batches, self.step.path.prepare, depth=self.depth) as worker:
             feed = (batch for batch, _ in worker)
@@ -167,8 +181,10 @@ class PrefetchSchedule(SyncSchedule):
 
 
 def build_schedule(step: TrainStep, negatives: NegativesConfig) -> SyncSchedule:
-    """PrefetchSchedule when negatives.async_sampling (queue_depth ahead), else SyncSchedule."""
-    return PrefetchSchedule(step, negatives.queue_depth) if negatives.async_sampling else SyncSchedule(step)
+    """The registered one-process schedule (grlib.schedules) of negatives.async_sampling: prefetch's
+    PrefetchSchedule (queue_depth ahead), else sync's SyncSchedule."""
+    spec = schedules.get(schedules.ONE_PROCESS[negatives.async_sampling])
+    return spec.one_process_class().of(step, negatives)
 
 
 def one_process(model: nn.Module, n_items: int, item_counts, cfg: TrainConfig, negatives: NegativesConfig,

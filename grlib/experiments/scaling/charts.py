@@ -13,9 +13,12 @@
 """
 from __future__ import annotations
 
+import dataclasses
+
 import altair as alt
 import polars as pl
 
+from grlib import schedules
 from grlib.experiments import claims as registry
 
 ACCEPT_RANKS, ACCEPT_REGIME = 1536, "truncated"
@@ -25,14 +28,14 @@ SCHEMA = {"target": pl.String, "check": pl.String, "value": pl.Float64, "met": p
 
 
 def schedule_name(r: dict) -> str:
-    """The dist.schedule a modelled row stands for: pipelined(k) (the item trips on the stream), overlap
-    (prefetch + buckets), else the model's schedule(k)."""
-    k = f"({r['staleness']})" if r["staleness"] else ""
-    if r.get("sparse_stream"):
-        return f"pipelined{k or '(0)'}"
-    if r.get("bucketed_allreduce") and r["schedule"] == "prefetch":
-        return "overlap"
-    return f"{r['schedule']}{k}"
+    """The dist.schedule(k) a modelled row stands for: the registered schedule whose model cost is the
+    row's program with its bucketed all-reduce and item trips on the stream (grlib.schedules)."""
+    program = schedules.get(r["schedule"]).model
+    cost = dataclasses.replace(program, overlap_allreduce=bool(r.get("bucketed_allreduce")),
+                               sparse_stream=bool(r.get("sparse_stream")))
+    name = schedules.modelled_as(cost, r["staleness"])
+    k = r["staleness"] if r["staleness"] or schedules.get(name).stream else None
+    return name if k is None else f"{name}({k})"
 
 
 def _part(table: pl.DataFrame, part: str, processes: int | None = None) -> pl.DataFrame:

@@ -20,27 +20,30 @@ import time
 import numpy as np
 import torch
 
-from grlib import perf
+from grlib import perf, schedules
 from grlib.config import ModelConfig, load_config
 from grlib.distributed.balance import assign
 from grlib.distributed.cost import FlopsCost, layer_batch
 from grlib.experiments.measure import kuairand_lengths
 from grlib.model.hstu import HSTULayer
+from grlib.schedules import ModelCost
 from grlib.sim.alltoall import PRESETS
 from grlib.sim.pipeline import Machine, Setup, simulate
 from grlib.sim.scaleout import DEVICES, Workload, cluster_loads, padded_flops
 
 KUAIRAND_USERS = 27_285
 DDP_BUCKET_BYTES = 25 * 2**20  # torch DDP's default bucket_cap_mb
-# config -> (fused kernel, balancer, items, node de-duplication, schedule, staleness, bucketed all-reduce,
-# the item table's trips on the stream); each is a dist.schedule grlib runs: turbogr = pipelined(1)
-# (TurboGR's semi-synchronous pipeline: item rows ahead and every trip beside compute), turbogr-semisync
-# = semisync(1), turbogr-overlap = overlap (prefetch with the bucketed all-reduce); baseline = sync
+# config -> (fused kernel, balancer, items, node de-duplication, what the schedule overlaps, staleness);
+# the dist.schedule grlib runs is the registered one of that model cost (grlib.schedules): turbogr =
+# pipelined(1) (TurboGR's semi-synchronous pipeline: item rows ahead and every trip beside compute),
+# turbogr-semisync = semisync(1), turbogr-overlap = overlap (prefetch with the bucketed all-reduce);
+# baseline = sync. A row names the model's main-lane program (Setup.program), the bucketed all-reduce
+# and the item trips on the stream.
 CONFIGS = {
-    "turbogr": (True, "kk", "hierarchical", True, "semisync", 1, True, True),
-    "turbogr-semisync": (True, "kk", "hierarchical", True, "semisync", 1, False, False),
-    "turbogr-overlap": (True, "kk", "hierarchical", True, "prefetch", 0, True, False),
-    "baseline": (False, "random", "flat", False, "sync", 0, False, False),
+    "turbogr": (True, "kk", "hierarchical", True, ModelCost(True, True, overlap_allreduce=True, sparse_stream=True), 1),
+    "turbogr-semisync": (True, "kk", "hierarchical", True, ModelCost(True, rows_ahead=True), 1),
+    "turbogr-overlap": (True, "kk", "hierarchical", True, ModelCost(True, overlap_allreduce=True), 0),
+    "baseline": (False, "random", "flat", False, ModelCost(False), 0),
 }
 
 
@@ -136,20 +139,23 @@ def simulate_cluster(ab, efficiency: float, efficiency_padded: float, seed: int 
     for regime in ab.regimes:
         pool = kuairand_lengths(KUAIRAND_USERS, paper.data.max_len, regime, seed=seed)
         rank_dedup, node_dedup = dedup_factors(ab.users_per_rank * float(pool.mean()), cluster.devices_per_node)
-        for name, (fused, balance, items, node, schedule, k, overlap, sparse) in CONFIGS.items():
+        for name, (fused, balance, items, node, cost, k) in CONFIGS.items():
+            schedule = schedules.modelled_as(cost)
             wl = Workload(m, ab.users_per_rank, paper.data.max_len, paper.negatives.n_negatives, ab.value_bytes,
                           dense, rank_dedup)
             eff = efficiency if fused else efficiency_padded
-            buckets = max(1, math.ceil(dense * ab.value_bytes / DDP_BUCKET_BYTES)) if overlap else 1
-            setup = Setup(schedule, k, items, node_dedup if node else 1.0, overlap, buckets, sparse)
+            setup = Setup(schedule, k, items, node_dedup if node else 1.0)
+            if setup.overlap_allreduce:
+                setup = dataclasses.replace(setup, buckets=max(1, math.ceil(dense * ab.value_bytes / DDP_BUCKET_BYTES)))
+            buckets = setup.buckets
             one = _run(setup, machine, pool, 1, wl, device, eff, balance, not fused, ab, m, seed, max(ab.sim_steps, 32))
             for P in ab.ranks:
                 out = _run(setup, machine, pool, P, wl, device, eff, balance, not fused, ab, m, seed, ab.sim_steps)
                 rows.append({"part": "simulated", "obtained": "modelled", "config": name, "regime": regime,
                              "ranks": P, **out, "linearity": out["tokens_per_s_per_rank"] / one["tokens_per_s_per_rank"],
                              "single_rank_step_ms": one["step_ms"], "fused": fused, "balance": balance,
-                             "items": items, "schedule": schedule, "staleness": k, "bucketed_allreduce": overlap,
-                             "sparse_stream": sparse,
+                             "items": items, "schedule": setup.program, "staleness": k,
+                             "bucketed_allreduce": setup.overlap_allreduce, "sparse_stream": setup.sparse_stream,
                              "buckets": buckets, "node_dedup": setup.node_dedup, "rank_dedup": rank_dedup,
                              "efficiency": eff, "device": device.name, "peak_tflops": device.peak_flops / 1e12,
                              "memory_tb_s": device.memory_bytes_per_s / 1e12, "preset": cluster.name,

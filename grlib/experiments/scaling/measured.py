@@ -27,8 +27,8 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from grlib import schedules
 from grlib.config import Config, DistConfig
-from grlib.distributed.schedules import BUCKETED
 
 SCHEDSTAT = Path("/proc/thread-self/schedstat")
 
@@ -54,7 +54,7 @@ class PairSpec:
 
 
 def dist_config(spec: PairSpec, world: int, schedule: str, staleness: int) -> DistConfig:
-    extra = {"bucket_bytes": spec.bucket_bytes} if schedule in BUCKETED else {}
+    extra = {"bucket_bytes": spec.bucket_bytes} if schedules.get(schedule).bucketed else {}
     return DistConfig(world=world, balance=spec.balance, cost="flops", schedule=schedule, staleness=staleness,
                       items=spec.items, dedup="rank", **extra)
 

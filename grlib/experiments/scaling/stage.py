@@ -36,15 +36,11 @@ import statistics
 import numpy as np
 import polars as pl
 
-from grlib import plots, results
+from grlib import plots, results, schedules
 from grlib.config import Config, ScalingAblation
 from grlib.distributed.cost import QuadraticCost, calibrate_layer, fit_quadratic
 from grlib.distributed.launch import launch
-from grlib.distributed.schedules import STALE
-from grlib.experiments.scaling import charts as charts
-from grlib.experiments.scaling import cluster as cluster
-from grlib.experiments.scaling import frames as frames
-from grlib.experiments.scaling import measured as measured
+from grlib.experiments.scaling import charts, cluster, frames, measured
 from grlib.experiments.scaling.validation import validation
 
 TABLE = "scaling"
@@ -62,7 +58,7 @@ def quick(ab: ScalingAblation) -> ScalingAblation:
 
 def pair_spec(ab: ScalingAblation) -> measured.PairSpec:
     return measured.PairSpec(ab.pair_batch_size, ab.pair_max_len, ab.pair_steps, ab.warm_steps, ab.rounds,
-                             tuple((s, ab.staleness if s in STALE else 0) for s in ab.schedules),
+                             tuple((s, ab.staleness if schedules.get(s).stale else 0) for s in ab.schedules),
                              ab.pair_balance, ab.pair_items, ab.solo_steps, tuple(ab.gloo_sizes), ab.gloo_repeats)
 
 

@@ -32,8 +32,7 @@ import polars as pl
 
 from grlib.config import Config, ScalingAblation
 from grlib.distributed.cost import QuadraticCost
-from grlib.experiments.scaling import frames as frames
-from grlib.experiments.scaling import measured as measured
+from grlib.experiments.scaling import frames, measured
 from grlib.sim.alltoall import Cluster, fit_link
 from grlib.sim.pipeline import PHASES, Machine, Setup, StepLoad, simulate
 from grlib.sim.scaleout import StepCompute, fit_step_compute
@@ -97,14 +96,11 @@ def _jittered(loads: list[StepLoad], eps: np.ndarray, rng: np.random.Generator) 
 
 
 def model_setup(schedule: str, k: int, spec: measured.PairSpec, buckets: int) -> Setup:
-    """The modelled setup of a measured schedule: overlap = prefetch + the bucketed all-reduce;
-    pipelined(k) = semisync(k) (prefetch at k = 0) + the buckets + the item trips on the stream."""
-    if schedule == "overlap":
-        return Setup("prefetch", 0, spec.items, overlap_allreduce=True, buckets=buckets)
-    if schedule == "pipelined":
-        return Setup("semisync" if k else "prefetch", k, spec.items, overlap_allreduce=True, buckets=buckets,
-                     sparse_stream=True)
-    return Setup(schedule, k, spec.items)
+    """The modelled setup of a measured schedule, priced by its model cost (grlib.schedules: overlap =
+    prefetch + the bucketed all-reduce; pipelined(k) = semisync(k) + the buckets + the item trips on
+    the stream); a bucketed one with the measured layout's `buckets`."""
+    setup = Setup(schedule, k, spec.items)
+    return dataclasses.replace(setup, buckets=buckets) if setup.overlap_allreduce else setup
 
 
 def validation(cfg: Config, ab: ScalingAblation, spec: measured.PairSpec, two: list[dict], spans: list[dict],
