@@ -1,22 +1,35 @@
 """One training run, on 1 or N ranks: the model's negative path, optimizers, step and schedule
 assembled in one place, trained by the loop (grlib.train.loop) and evaluated by full ranking.
+Every setting comes from one Config: cfg.train and cfg.negatives, and on N ranks cfg.dist.
 
-    schedule = assemble(model, data, cfg.train, cfg.negatives)                   # one process
-    schedule = assemble(model, data, cfg.train, cfg.negatives, runtime=rt, dist_cfg=dc)  # a rank of N
-    result = train(model, data, cfg.train, max_len, cfg.negatives, runtime=rt, dist_cfg=dc)  # assemble, loop
-    fit = fit_and_evaluate(cfg, ds, peak)      # build, train, validate, test -> Fit(row, curve, losses)
-    fit_rank(runtime, cfg, "scale", dc)        # one rank's entry point (grlib.distributed.launch, torchrun)
+    schedule = assemble(model, data, cfg)                  # one process (cfg.dist.world 1)
+    schedule = assemble(model, data, cfg, runtime=rt)      # this rank of cfg.dist.world
+    result = train(model, data, cfg, runtime=rt)           # assemble, then the loop
+    fit = fit_and_evaluate(cfg, ds, peak)                  # build, train, validate, test -> Fit(row, curve, losses)
+    got = fit_distributed(cfg, "scale")                    # cfg.dist.world ranks started here (or under torchrun)
+    fit_rank(runtime, cfg, "scale")                        # one rank's entry (the fn launch runs on every rank)
 
-Its callers: `python -m grlib train` (grlib.cli.train), the train stage, the semi-async stage,
-`bench train` and the negatives stage. One process runs negatives.async_sampling's schedule
-(grlib.train.prefetch: sync or prefetch); a rank of N (runtime of world > 1) starts from rank 0's
-weights, shards the item table when dist_cfg.items asks for it and runs dist_cfg.schedule
-(grlib.distributed.schedules) over its balanced share of every global batch (grlib.distributed.data_parallel).
+Its callers: `python -m grlib train` (grlib.cli.train: fit_and_evaluate, fit_distributed), the train
+stage (fit_and_evaluate), the semi-async stage (fit_and_evaluate on each of its ranks), the balance
+stage and the scaling stage's measured runs (grlib.experiments.scaling.measured: train on each
+rank), the negatives stage (assemble, train), `bench train` (grlib.experiments.mfu_steps: assemble)
+and `bench load` (grlib.experiments.load: train). One process runs negatives.async_sampling's
+schedule (grlib.train.prefetch: sync or prefetch); a rank of N starts from rank 0's weights, shards
+the item table when cfg.dist.items asks for it and runs cfg.dist.schedule (grlib.distributed.schedules)
+over its balanced share of every global batch (grlib.distributed.data_parallel).
+
+`--balance kk` from the command line to the planner (the same name all the way):
+
+    grlib.cli.train     --balance kk is the override dist.balance=kk; load_config -> cfg.dist.balance
+    grlib.fit           fit_distributed(cfg): launch(fit_rank, cfg.dist.world, args=(cfg, ...)), or fit_rank
+                        on this rank under torchrun; fit_rank -> fit_and_evaluate -> train -> assemble
+    grlib.distributed   Planner(path, rank, world, cfg.dist.balance) -> balance.assign(costs, world, "kk")
 """
 from __future__ import annotations
 
 import dataclasses
 import os
+import sys
 import time
 from dataclasses import dataclass, field
 
@@ -24,7 +37,7 @@ import torch
 from torch import nn
 
 from grlib import perf, schedules
-from grlib.config import Config, DistConfig, NegativesConfig, TrainConfig
+from grlib.config import Config, ConfigError, DistConfig
 from grlib.data.catalog import Dataset, load_dataset
 from grlib.data.sequences import SequenceData
 from grlib.distributed import data_parallel
@@ -40,20 +53,19 @@ from grlib.train.optim import Optimizers
 from grlib.train.prefetch import one_process
 
 
-def assemble(model: nn.Module, data: SequenceData, cfg: TrainConfig, negatives: NegativesConfig, *,
-             seed: int | None = None, runtime=None, dist_cfg: DistConfig | None = None):
+def assemble(model: nn.Module, data: SequenceData, cfg: Config, *, seed: int | None = None, runtime=None):
     """The built schedule of one run's training of `model` (negative path seeded with `seed`, default
-    cfg.seed): one process's, or with `runtime` of world N > 1 this rank's (grlib.distributed.schedules)."""
-    seed = cfg.seed if seed is None else seed
-    world = runtime.topology.world if runtime is not None else 1
+    cfg.train.seed): one process's, or with `runtime` this rank's of cfg.dist.world (grlib.distributed.schedules)."""
+    seed = cfg.train.seed if seed is None else seed
+    world = _check_layout(cfg.dist, runtime)
     if world == 1:
-        return one_process(model, data.n_items, data.train_item_counts(), cfg, negatives, seed)
-    dc = dist_cfg or DistConfig(world=world)
+        return one_process(model, data.n_items, data.train_item_counts(), cfg.train, cfg.negatives, seed)
+    dc = cfg.dist
     data_parallel.broadcast_parameters(model, runtime.world_group)
     if dc.items != "replicated":
         shard_item_table(model, runtime, dc.items, dc.dedup)
-    path = build_negative_path(negatives, data.n_items, data.train_item_counts(), seed=seed)
-    opt = Optimizers(model, cfg)
+    path = build_negative_path(cfg.negatives, data.n_items, data.train_item_counts(), seed=seed)
+    opt = Optimizers(model, cfg.train)
     topo = runtime.topology
     planner = data_parallel.Planner(path, topo.rank, topo.world, dc.balance, equal_counts=dc.equal_counts,
                                     cost=data_parallel.cost_function(dc, model.cfg), seed=seed)
@@ -65,11 +77,27 @@ def assemble(model: nn.Module, data: SequenceData, cfg: TrainConfig, negatives: 
     return spec.ranks_class()(step, planner, dc.staleness, side, stream)
 
 
-def train(model: nn.Module, data: SequenceData, cfg: TrainConfig, max_len: int, negatives: NegativesConfig, *,
-          runtime=None, dist_cfg: DistConfig | None = None, **kwargs) -> TrainResult:
-    """assemble, then grlib.train.loop.train (kwargs: validate, checkpoint_dir, flops_fn, ...)."""
-    schedule = assemble(model, data, cfg, negatives, runtime=runtime, dist_cfg=dist_cfg)
-    return loop.train(model, data, cfg, max_len, negatives, schedule=schedule, **kwargs)
+def _check_layout(dc: DistConfig, runtime) -> int:
+    """The world the run trains on: cfg.dist's, which must be the runtime's (1 without one)."""
+    if runtime is None:
+        if dc.world > 1:
+            raise ValueError(f"dist.world={dc.world} but no runtime: a rank of N trains through fit_rank "
+                             "(fit_distributed starts the ranks)")
+        return 1
+    topo = runtime.topology
+    if (dc.world, dc.nodes) != (topo.world, topo.nodes):
+        raise ValueError(f"dist.world={dc.world}, dist.nodes={dc.nodes} but the runtime has world {topo.world}, "
+                         f"nodes {topo.nodes}: set them to the runtime's")
+    return topo.world
+
+
+def train(model: nn.Module, data: SequenceData, cfg: Config, max_len: int | None = None, *, runtime=None,
+          **kwargs) -> TrainResult:
+    """assemble, then grlib.train.loop.train on batches of at most `max_len` (default cfg.data.max_len)
+    tokens (kwargs: validate, checkpoint_dir, flops_fn, ...)."""
+    schedule = assemble(model, data, cfg, runtime=runtime)
+    max_len = cfg.data.max_len if max_len is None else max_len
+    return loop.train(model, data, cfg.train, max_len, cfg.negatives, schedule=schedule, **kwargs)
 
 
 @dataclass
@@ -82,7 +110,7 @@ class Fit:
 
 
 def fit_and_evaluate(cfg: Config, ds: Dataset, peak: float | None = None, *, checkpoint_dir: str | None = None,
-                     checkpoint_every: int = 0, runtime=None, dist_cfg: DistConfig | None = None) -> Fit:
+                     checkpoint_every: int = 0, runtime=None) -> Fit:
     """Trains cfg.model.name with cfg.train.seed on ds (validating every epoch, keeping the best epoch
     when cfg.train.select_best), then evaluates validation and test by full ranking. The one fit
     and evaluate of the train stage and `python -m grlib train` (which adds checkpoints: a run
@@ -101,10 +129,9 @@ def fit_and_evaluate(cfg: Config, ds: Dataset, peak: float | None = None, *, che
         count = parameter_count(model)  # before a data-parallel run shards the item table
         flops = lambda batch: perf.batch_flops(batch.offsets, cfg.model)  # noqa: E731
         start = time.perf_counter()
-        fit = train(model, data, cfg.train, max_len, cfg.negatives, validate=lambda m: val(last_token_scores(m)),
+        fit = train(model, data, cfg, max_len, validate=lambda m: val(last_token_scores(m)),
                     flops_fn=flops, checkpoint_dir=checkpoint_dir, checkpoint_every=checkpoint_every,
-                    identity=resume_identity(cfg, ds.name) if checkpoint_dir else None,
-                    runtime=runtime, dist_cfg=dist_cfg)
+                    identity=resume_identity(cfg, ds.name) if checkpoint_dir else None, runtime=runtime)
         wall = time.perf_counter() - start
         score = last_token_scores(model)
         useful = sum(r["flops"] for r in fit.timeline)
@@ -114,7 +141,7 @@ def fit_and_evaluate(cfg: Config, ds: Dataset, peak: float | None = None, *, che
                "attention_impl": model.attention_impl() if cfg.model.name == "hstu" else "torch-sdpa",
                "final_loss": fit.losses[-1] if fit.losses else float("nan"), "resumed_from": fit.resumed_from}
         if runtime is not None and runtime.topology.world > 1:
-            row.update(_dist_figures(fit.timeline, dist_cfg or DistConfig(world=runtime.topology.world)))
+            row.update(_dist_figures(fit.timeline, cfg.dist))
         curve = [{"step": r["step"], "epoch": r["epoch"], "loss": r["loss"],
                   **({"stale_fraction": r["stale_fraction"]} if "stale_fraction" in r else {})} for r in fit.timeline]
         curve += [{"step": h["step"], "epoch": h["epoch"], "val_ndcg@10": h["ndcg@10"]} for h in fit.val_history]
@@ -129,12 +156,12 @@ def fit_and_evaluate(cfg: Config, ds: Dataset, peak: float | None = None, *, che
     return Fit(row, curve, list(fit.losses) if fit else [])
 
 
-def _dist_figures(timeline: list[dict], dist_cfg: DistConfig) -> dict:
+def _dist_figures(timeline: list[dict], dc: DistConfig) -> dict:
     """This rank's figures of a data-parallel run: the layout, the balancer, the share of step time
     spent inside the gradient all-reduce (waiting for the slowest rank, then the transfer)."""
     step_s = sum(sum(r[f"{p}_s"] for p in PHASES) for r in timeline)
     wait = sum(r.get("allreduce_s", 0.0) for r in timeline)
-    return {"world": dist_cfg.world, "nodes": dist_cfg.nodes, "balance": dist_cfg.balance, "items": dist_cfg.items,
+    return {"world": dc.world, "nodes": dc.nodes, "balance": dc.balance, "items": dc.items,
             "allreduce_fraction": wait / step_s if step_s else float("nan"),
             "step_ms": 1e3 * step_s / len(timeline) if timeline else float("nan"),
             "items_inter_mb_per_step": _per_step_mb(timeline, "items_inter_bytes"),
@@ -145,11 +172,11 @@ def _per_step_mb(timeline: list[dict], key: str) -> float:
     return sum(r.get(key, 0.0) for r in timeline) / 2**20 / len(timeline) if timeline else float("nan")
 
 
-def fit_rank(runtime, cfg: Config, dataset: str, dist_cfg: DistConfig, checkpoint_dir: str | None = None,
-             checkpoint_every: int = 0, measure_peak: bool = True) -> dict:
+def fit_rank(runtime, cfg: Config, dataset: str, checkpoint_dir: str | None = None, checkpoint_every: int = 0,
+             measure_peak: bool = True) -> dict:
     """One rank of `python -m grlib train --world N` (or under torchrun): loads the data (rank 0
     first, so a dataset and its flat arrays are prepared once; with N > 1 ranks each reads only the
-    sequences it trains, grlib.data.share), fits, evaluates. Returns {"row", "losses", "rank"}."""
+    sequences it trains, grlib.data.share), fits, evaluates. Returns {"rank", "dataset", "row", "losses"}."""
     if runtime.topology.rank != 0:
         os.environ["GRLIB_PROGRESS"] = "0"  # one progress bar: rank 0's
         runtime.barrier()
@@ -158,8 +185,59 @@ def fit_rank(runtime, cfg: Config, dataset: str, dist_cfg: DistConfig, checkpoin
         runtime.barrier()
     peak = model_peak(cfg) if measure_peak else None
     fit = fit_and_evaluate(cfg, ds, peak, checkpoint_dir=checkpoint_dir, checkpoint_every=checkpoint_every,
-                           runtime=runtime, dist_cfg=dist_cfg)
+                           runtime=runtime)
     return {"rank": runtime.topology.rank, "dataset": ds.name, "row": fit.row, "losses": fit.losses}
+
+
+def fit_distributed(cfg: Config, dataset: str, checkpoint_dir: str | None = None,
+                    checkpoint_every: int = 0) -> dict | None:
+    """A run on cfg.dist.world ranks -> rank 0's fit_rank result. Under torchrun (WORLD_SIZE > 1) this
+    process is one rank (None unless rank 0: rank 0 reports), cfg.dist's world and nodes set from
+    torchrun's variables; otherwise cfg.dist.world processes start here (grlib.distributed.launch),
+    after the dataset is prepared once and dist.cost 'quadratic' without coefficients calibrated."""
+    from grlib.distributed.launch import launch
+    from grlib.distributed.topology import Topology, init_runtime
+
+    env_world = int(os.environ.get("WORLD_SIZE", "1"))
+    if env_world > 1:
+        topo = Topology.from_env()
+        if cfg.dist.world not in (1, env_world):
+            raise ConfigError(f"--world (dist.world) = {cfg.dist.world} but torchrun started WORLD_SIZE={env_world} "
+                              f"ranks; leave --world out under torchrun")
+        cfg = calibrated(cfg.replace({"dist.world": env_world, "dist.nodes": topo.nodes}), launcher=False)
+        with init_runtime(topo, backend=cfg.dist.backend, timeout_s=cfg.dist.timeout_s) as runtime:
+            got = fit_rank(runtime, cfg, dataset, checkpoint_dir, checkpoint_every)
+        return got if topo.rank == 0 else None
+    cfg = calibrated(cfg)  # the row's params_hash covers the coefficients
+    load_dataset(cfg, dataset)  # prepared here once, before the ranks read it
+    return launch(fit_rank, cfg.dist.world, nodes=cfg.dist.nodes, backend=cfg.dist.backend,
+                  args=(cfg, dataset, checkpoint_dir, checkpoint_every),
+                  timeout_s=max(cfg.dist.timeout_s, 3600.0))[0]
+
+
+def calibrated(cfg: Config, launcher: bool = True) -> Config:
+    """cfg, with dist.cost 'quadratic' and no dist.quadratic given calibrated first (c0, a, b of one
+    HSTU layer of cfg.model, timed at lengths 16 .. data.max_len; grlib.distributed.cost) by the
+    launching process: the ranks plan alike only on equal coefficients."""
+    import numpy as np
+
+    from grlib.distributed.cost import calibrate_layer, fit_quadratic
+
+    if cfg.dist.cost != "quadratic" or cfg.dist.quadratic:
+        return cfg
+    if not launcher:  # each torchrun rank would time its own coefficients
+        raise ConfigError("--cost quadratic: calibrated by the launching process; under torchrun give "
+                          "-o dist.quadratic=[c0,a,b], use --cost flops or tokens, or start the ranks here "
+                          "with --world N")
+    if cfg.model.name != "hstu":
+        raise ConfigError(f"--cost quadratic: calibrated on an HSTU layer; --model {cfg.model.name} needs "
+                          f"--cost flops or tokens")
+    lengths = sorted({int(round(x)) for x in np.geomspace(16, max(cfg.data.max_len, 64), 6)})
+    points = calibrate_layer(cfg.model, lengths, repeats=3)
+    fit = fit_quadratic([p["length"] for p in points], [p["seconds_per_sequence"] for p in points])
+    print(f"--cost quadratic: calibrated c0={fit.c0:.3g} a={fit.a:.3g} b={fit.b:.3g} s (r2 {fit.r2:.3f}) on one "
+          f"HSTU layer at lengths {lengths}", file=sys.stderr, flush=True)
+    return cfg.replace({"dist.quadratic": [fit.c0, fit.a, fit.b]})
 
 
 def model_peak(cfg: Config) -> float | None:

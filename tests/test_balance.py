@@ -1,5 +1,5 @@
 """grlib.distributed.balance: every method places every sequence exactly once, keeps floor/ceil counts in
-equal mode, is deterministic, matches JaggedBatch.split (contiguous) and hand-worked cases; LPT's
+equal mode, is deterministic, matches JaggedBatch.split (none: the contiguous split) and hand-worked cases; LPT's
 guarantees hold (max <= mean + max cost always, <= (4/3 - 1/(3P)) OPT unconstrained); on realistic
 lognormal costs lpt and kk beat the random deal; bad input names the parameter."""
 from __future__ import annotations
@@ -40,7 +40,7 @@ def test_every_sequence_once_counts_and_determinism(costs, ranks, method, equal,
     np.testing.assert_array_equal(np.sort(np.concatenate(rows)), np.arange(B))  # a partition of range(B)
     np.testing.assert_array_equal(a.counts(), [len(r) for r in rows])
     np.testing.assert_allclose(a.loads(costs), [costs[r].sum() for r in rows])
-    if equal or method in ("contiguous", "random", "snake"):
+    if equal or method in ("none", "random", "snake"):
         assert sorted(a.counts().tolist()) == quotas(B, ranks)
     np.testing.assert_array_equal(assign(costs.copy(), ranks, method, equal_counts=equal, seed=seed).owner, a.owner)
 
@@ -69,12 +69,12 @@ def test_lpt_within_four_thirds_of_the_optimum(costs, ranks):
 
 
 @given(batch=st.integers(0, 30), ranks=st.integers(1, 12))
-def test_contiguous_is_jagged_split(batch, ranks):
+def test_none_is_jagged_split(batch, ranks):
     offsets = torch.arange(batch + 1, dtype=torch.int64) * 2  # every sequence 2 tokens
     jb = JaggedBatch(item_ids=torch.arange(2 * batch), actions=torch.zeros(2 * batch, dtype=torch.int64),
                      timestamps=torch.zeros(2 * batch, dtype=torch.int64), offsets=offsets, max_len=2,
                      targets=torch.zeros(2 * batch, dtype=torch.int64))
-    a = assign(np.ones(batch), ranks, "contiguous")
+    a = assign(np.ones(batch), ranks, "none")
     for r, part in enumerate(jb.split(ranks)):
         np.testing.assert_array_equal(a.rows(r), part.item_ids[::2].numpy() // 2)
 
@@ -82,7 +82,7 @@ def test_contiguous_is_jagged_split(batch, ranks):
 def test_hand_worked_cases():
     six = np.array([6.0, 5, 4, 3, 2, 1])
     np.testing.assert_array_equal(assign(six, 3, "snake").owner, [0, 1, 2, 2, 1, 0])
-    np.testing.assert_array_equal(assign(six, 3, "contiguous").owner, [0, 0, 1, 1, 2, 2])
+    np.testing.assert_array_equal(assign(six, 3, "none").owner, [0, 0, 1, 1, 2, 2])
     # lpt: the quota binds with equal counts (rank 1 is full after two sequences)
     np.testing.assert_array_equal(assign(np.array([10.0, 1, 1, 1]), 2, "lpt", equal_counts=False).owner, [0, 1, 1, 1])
     np.testing.assert_array_equal(assign(np.array([10.0, 1, 1, 1]), 2, "lpt").owner, [0, 1, 1, 0])
@@ -130,7 +130,7 @@ def test_figures():
 
 
 @pytest.mark.parametrize("kw, match", [
-    ({"method": "greedy"}, "method must be one of contiguous, random, snake, lpt, kk"),
+    ({"method": "greedy"}, "method must be one of none, random, snake, lpt, kk"),
     ({"ranks": 0}, "ranks"), ({"ranks": 2.5}, "ranks"), ({"ranks": True}, "ranks"),
     ({"costs": np.array([1.0, -1.0])}, "costs"), ({"costs": np.array([1.0, np.nan])}, "costs"),
     ({"costs": np.array([np.inf])}, "costs"), ({"costs": np.ones((2, 2))}, "costs"),

@@ -14,7 +14,7 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from grlib.config import DistConfig, NegativesConfig
+from grlib.config import NegativesConfig
 from grlib.distributed.data_parallel import Planner, RankMismatch, check_same_batch
 from grlib.distributed.launch import RankFailed, launch
 from grlib.jagged import JaggedBatch
@@ -80,7 +80,8 @@ def test_dropout_under_global_rows_draws_the_global_masks(lengths, world):
 def test_two_ranks_train_what_one_process_trains(single_run, balance, dp_smoke):
     from grlib.fit import fit_rank
 
-    got = launch(fit_rank, 2, args=(dp_smoke(), "scale", DistConfig(world=2, balance=balance), None, 0, False))
+    cfg = dp_smoke().replace({"dist.world": 2, "dist.balance": balance})
+    got = launch(fit_rank, 2, args=(cfg, "scale", None, 0, False))
     assert got[0]["losses"] == got[1]["losses"]  # every rank reports the global loss
     losses = got[0]["losses"]
     assert len(losses) == len(single_run.losses) == 20
@@ -95,10 +96,10 @@ def test_per_rank_checkpoints_resume_exactly(single_run, tmp_path, dp_smoke):
     from grlib.fit import fit_rank
 
     ckpt = str(tmp_path / "ckpt")
-    dist_cfg = DistConfig(world=2, balance="lpt")
-    launch(fit_rank, 2, args=(dp_smoke(8), "scale", dist_cfg, ckpt, 4, False))
+    dist = {"dist.world": 2, "dist.balance": "lpt"}
+    launch(fit_rank, 2, args=(dp_smoke(8).replace(dist), "scale", ckpt, 4, False))
     assert sorted(p.name for p in (tmp_path / "ckpt").iterdir()) == ["last.rank0-of-2.pt", "last.rank1-of-2.pt"]
-    got = launch(fit_rank, 2, args=(dp_smoke(20), "scale", dist_cfg, ckpt, 4, False))
+    got = launch(fit_rank, 2, args=(dp_smoke(20).replace(dist), "scale", ckpt, 4, False))
     assert got[0]["row"]["resumed_from"] == 8
     assert np.max(np.abs(np.subtract(got[0]["losses"], single_run.losses))) <= LOSS_TOL
 
@@ -192,11 +193,11 @@ def test_a_rank_killed_mid_training_ends_the_run_with_an_error_naming_it(tmp_pat
 
 
 def test_cost_quadratic_is_calibrated_by_the_launcher_and_refused_under_torchrun(capsys):
-    from grlib.cli.train import _dist_config
     from grlib.config import ConfigError, load_config
+    from grlib.fit import calibrated
 
     cfg = load_config("smoke", {"model.name": "hstu", "dist.world": 2, "dist.balance": "kk", "dist.cost": "quadratic"})
-    dc = _dist_config(cfg)
+    dc = calibrated(cfg).dist
     assert dc.cost == "quadratic" and len(dc.quadratic) == 3 and all(c >= 0 for c in dc.quadratic)
     from grlib.distributed.cost import QuadraticCost
 
@@ -204,9 +205,9 @@ def test_cost_quadratic_is_calibrated_by_the_launcher_and_refused_under_torchrun
     assert long > short  # a layer's pass over a longer sequence takes longer
     assert "--cost quadratic: calibrated" in capsys.readouterr().err
     with pytest.raises(ConfigError, match="torchrun"):
-        _dist_config(cfg, launcher=False)
+        calibrated(cfg, launcher=False)
     given = cfg.replace({"dist.quadratic": [1e-4, 2e-6, 3e-8]})  # -o dist.quadratic=[c0,a,b]: read, not timed
-    assert _dist_config(given, launcher=False).quadratic == (1e-4, 2e-6, 3e-8)
+    assert calibrated(given, launcher=False).dist.quadratic == (1e-4, 2e-6, 3e-8)
 
 
 class _Launched(Exception):
@@ -218,7 +219,7 @@ class _Launched(Exception):
                                   ["--world", "2", "-o", "dist.balance=kk", "--schedule", "sync"]])
 def test_the_dist_section_is_set_by_o_and_by_the_flags_alike(monkeypatch, argv):
     """train's data-parallel flags are shorthands of the `dist` section's fields: the ranks get the same
-    DistConfig (and the config its fields) either way."""
+    cfg.dist either way."""
     import importlib
 
     from grlib.cli import main
@@ -226,15 +227,15 @@ def test_the_dist_section_is_set_by_o_and_by_the_flags_alike(monkeypatch, argv):
     seen = {}
 
     def fake_launch(fn, world, **kw):
-        seen["world"], (cfg, _, dc, *_rest) = world, kw["args"]
-        seen["dc"], seen["cfg_dist"] = dc, cfg.dist
+        seen["fn"], seen["world"], (cfg, *_rest) = fn, world, kw["args"]
+        seen["dc"] = cfg.dist
         raise _Launched
 
     monkeypatch.setattr(importlib.import_module("grlib.distributed.launch"), "launch", fake_launch)
-    monkeypatch.setattr(importlib.import_module("grlib.data.catalog"), "load_dataset", lambda cfg, name: None)
+    monkeypatch.setattr(importlib.import_module("grlib.fit"), "load_dataset", lambda cfg, name: None)
     with pytest.raises(_Launched):
         main(["train", "--scale", "smoke", *argv])
-    assert seen["world"] == 2 and seen["dc"] == seen["cfg_dist"]
+    assert seen["fn"].__name__ == "fit_rank" and seen["world"] == 2  # launch runs the entry grlib.fit gives it
     assert (seen["dc"].world, seen["dc"].balance, seen["dc"].schedule) == (2, "kk", "sync")
 
 

@@ -7,6 +7,8 @@ launched from backward's hooks before backward ends (the step's own counters); t
 and train's --schedule overlap."""
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 import torch
@@ -97,7 +99,7 @@ def _train_schedules(runtime, runs: list[DistConfig], steps: int) -> dict:
     for i, dc in enumerate(runs):
         torch.manual_seed(cfg.train.seed)
         model = build_model(cfg.model, data.n_items, cfg.data.max_len)
-        fit = train(model, data, cfg.train, cfg.data.max_len, cfg.negatives, runtime=runtime, dist_cfg=dc)
+        fit = train(model, data, dataclasses.replace(cfg, dist=dc), runtime=runtime)
         keys = ("buckets", "buckets_in_backward", "buckets_done_in_backward", "first_launch_lead_s")
         out[i] = {"losses": fit.losses, **{k: [r.get(k) for r in fit.timeline] for k in keys}}
     return out
@@ -121,7 +123,7 @@ def one_process() -> list[float]:
     try:
         torch.manual_seed(cfg.train.seed)
         model = build_model(cfg.model, data.n_items, cfg.data.max_len)
-        return train(model, data, cfg.train, cfg.data.max_len, cfg.negatives).losses
+        return train(model, data, cfg).losses
     finally:
         torch.set_num_threads(threads)
 

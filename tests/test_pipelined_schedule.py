@@ -5,6 +5,7 @@ the loss rows' gradients from backward's hooks, before backward ends; the gradie
 the fixed order whichever hook fires first; the config and `train --schedule pipelined`."""
 from __future__ import annotations
 
+import dataclasses
 from concurrent.futures import Future
 
 import numpy as np
@@ -32,7 +33,7 @@ def _train(runtime, runs: list[DistConfig], steps: int) -> list[dict]:
     for dc in runs:
         torch.manual_seed(cfg.train.seed)
         model = build_model(cfg.model, data.n_items, cfg.data.max_len)
-        fit = train(model, data, cfg.train, cfg.data.max_len, cfg.negatives, runtime=runtime, dist_cfg=dc)
+        fit = train(model, data, dataclasses.replace(cfg, dist=dc), runtime=runtime)
         keys = ("stream_grads_in_backward", "buckets_in_backward", "stale_fraction", "lookup_comm_s")
         out.append({"losses": fit.losses, **{k: [r.get(k) for r in fit.timeline] for k in keys}})
     return out

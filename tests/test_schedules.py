@@ -101,8 +101,9 @@ def _train_each_schedule(runtime) -> dict:
     for schedule, k in SCHEDULES:
         torch.manual_seed(cfg.train.seed)
         model = build_model(cfg.model, data.n_items, cfg.data.max_len)
-        dist_cfg = DistConfig(world=2, balance="kk", items="flat", schedule=schedule, staleness=k)
-        fit = train(model, data, cfg.train, cfg.data.max_len, cfg.negatives, runtime=runtime, dist_cfg=dist_cfg)
+        run_cfg = cfg.replace({"dist.world": 2, "dist.balance": "kk", "dist.items": "flat", "dist.schedule": schedule,
+                               "dist.staleness": k})
+        fit = train(model, data, run_cfg, runtime=runtime)
         out[(schedule, k)] = {"losses": fit.losses, "stale": [r["stale_fraction"] for r in fit.timeline]}
     from grlib.ops import gemm_choice
 

@@ -8,7 +8,6 @@ import numpy as np
 import pytest
 import torch
 
-from grlib.config import DistConfig
 from grlib.distributed.launch import launch
 from grlib.distributed.sharded_embedding import ShardedRows, gather_table, row_blocks, table_rows
 from grlib.evaluate import ranks_from_scores
@@ -112,8 +111,9 @@ def test_training_with_sharded_items_equals_one_process(single_run, items, dedup
     from grlib.fit import fit_rank
 
     world = 2 * nodes
-    cfg = DistConfig(world=world, nodes=nodes, balance="lpt", items=items, dedup=dedup)
-    got = launch(fit_rank, world, nodes=nodes, args=(dp_smoke(), "scale", cfg, None, 0, False))
+    cfg = dp_smoke().replace({"dist.world": world, "dist.nodes": nodes, "dist.balance": "lpt", "dist.items": items,
+                              "dist.dedup": dedup})
+    got = launch(fit_rank, world, nodes=nodes, args=(cfg, "scale", None, 0, False))
     losses = got[0]["losses"]
     assert len(losses) == 20
     assert np.max(np.abs(np.subtract(losses, single_run.losses))) <= 1e-5
@@ -141,11 +141,11 @@ def test_sharded_checkpoints_resume_on_the_same_and_on_other_world_sizes(single_
     from grlib.distributed.reshard import reshard
     from grlib.fit import fit_rank
 
-    dist_cfg = DistConfig(world=2, balance="kk", items="flat")
+    dist = {"dist.world": 2, "dist.balance": "kk", "dist.items": "flat"}
     two, one, back = (str(tmp_path / n) for n in ("two", "one", "back"))
-    launch(fit_rank, 2, args=(dp_smoke(8), "scale", dist_cfg, two, 4, False))
+    launch(fit_rank, 2, args=(dp_smoke(8).replace(dist), "scale", two, 4, False))
     assert [p.name for p in reshard(two, one, 1)] == ["last.pt"]  # 2 -> 1 at step 8
-    resumed = launch(fit_rank, 2, args=(dp_smoke(20), "scale", dist_cfg, two, 4, False))[0]  # same world
+    resumed = launch(fit_rank, 2, args=(dp_smoke(20).replace(dist), "scale", two, 4, False))[0]  # same world
     assert resumed["row"]["resumed_from"] == 8
     assert np.max(np.abs(np.subtract(resumed["losses"], single_run.losses))) <= 1e-5
     fit = _fit(dp_smoke(20), one)
@@ -155,7 +155,7 @@ def test_sharded_checkpoints_resume_on_the_same_and_on_other_world_sizes(single_
 
     _fit(dp_smoke(8), str(tmp_path / "single"), every=4)  # 1 -> 2 at step 8
     reshard(tmp_path / "single", back, 2)
-    got = launch(fit_rank, 2, args=(dp_smoke(20), "scale", dist_cfg, back, 4, False))[0]
+    got = launch(fit_rank, 2, args=(dp_smoke(20).replace(dist), "scale", back, 4, False))[0]
     assert got["row"]["resumed_from"] == 8
     assert np.max(np.abs(np.subtract(got["losses"], single_run.losses))) <= 1e-5
     assert got["row"]["test_ndcg@10"] == pytest.approx(single_run.row["test_ndcg@10"], abs=1e-6)

@@ -7,12 +7,13 @@
     python -m grlib train --scale smoke --world 2 --balance kk     # 2 data-parallel ranks (gloo on CPU)
     torchrun --nnodes N --nproc-per-node L -m grlib train --scale S --balance kk   # N nodes x L devices
 
-Data parallel (grlib.distributed.data_parallel): --world N starts N processes here (one intra-op thread
-each on CPU); under torchrun the world comes from its environment (nccl on CUDA, hccl on Ascend,
-gloo on CPU). Every rank trains its share of the same global batches, so the losses are those of
-one process (within float summation order); only rank 0 prints and writes the row, which records
-world, nodes and the balancer. On one process the data-parallel flags (--nodes, --balance, --cost,
---items, --dedup, --schedule, --staleness) are refused with one error line: nothing would read them.
+Data parallel (grlib.fit.fit_distributed, grlib.distributed.data_parallel): --world N starts N processes
+here (one intra-op thread each on CPU); under torchrun the world comes from its environment (nccl on
+CUDA, hccl on Ascend, gloo on CPU). Every rank trains its share of the same global batches, so the
+losses are those of one process (within float summation order); only rank 0 prints and writes the
+row, which records world, nodes and the balancer. On one process the data-parallel flags (--nodes,
+--balance, --cost, --items, --dedup, --schedule, --staleness) are refused with one error line:
+nothing would read them.
 
 The data comes from the dataset catalogue (grlib.data.catalog): with data.* overrides (e.g.
 -o data.max_len=64) it is prepared once into a folder of its own; the scale's stays as it is.
@@ -30,7 +31,6 @@ checkpoint is already at its last step says so in one line and writes no row.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import math
 import os
@@ -101,7 +101,7 @@ def run_cli(args: argparse.Namespace) -> int:
     from grlib import results
     from grlib.config import load_config
     from grlib.data.catalog import load_dataset
-    from grlib.fit import fit_and_evaluate, model_peak
+    from grlib.fit import fit_and_evaluate, fit_distributed, model_peak
     from grlib.results import atomic_write_bytes
 
     if args.params_only:
@@ -132,7 +132,9 @@ def run_cli(args: argparse.Namespace) -> int:
         if args.data is not None:
             raise ConfigError("--data: data-parallel ranks read a catalogue dataset; train a prepared folder on one "
                               "process (leave --world out)")
-        got = _run_ranks(args, cfg, env_world)
+        if args.model == "popularity":
+            raise ConfigError("--world: the popularity model does no training; run it on one process")
+        got = fit_distributed(cfg, args.dataset, args.checkpoint_dir, args.checkpoint_every)
         if got is None:  # a rank other than 0 under torchrun: rank 0 reports
             return 0
         name, row, losses = got["dataset"], got["row"], got["losses"]
@@ -196,34 +198,6 @@ def _say_dataset_settings(cfg, dataset: str, explicit: dict) -> None:
           + (f" (-o wins for {', '.join(won)})" if won else ""), file=sys.stderr, flush=True)
 
 
-def _run_ranks(args: argparse.Namespace, cfg, env_world: int) -> dict | None:
-    """Rank 0's result of a data-parallel run: under torchrun (env_world > 1) this process is one
-    rank (None unless rank 0); else --world processes are started here."""
-    from grlib.data.catalog import load_dataset
-    from grlib.distributed.launch import launch
-    from grlib.distributed.topology import Topology, init_runtime
-    from grlib.fit import fit_rank
-
-    if args.model == "popularity":
-        raise ConfigError("--world: the popularity model does no training; run it on one process")
-    if env_world > 1:
-        topo = Topology.from_env()
-        if cfg.dist.world not in (1, env_world):
-            raise ConfigError(f"--world (dist.world) = {cfg.dist.world} but torchrun started WORLD_SIZE={env_world} "
-                              f"ranks; leave --world out under torchrun")
-        cfg = cfg.replace({"dist.world": env_world, "dist.nodes": topo.nodes})
-        dist_cfg = _dist_config(cfg, launcher=False)
-        with init_runtime(topo, backend=dist_cfg.backend, timeout_s=dist_cfg.timeout_s) as runtime:
-            got = fit_rank(runtime, cfg, args.dataset, dist_cfg, args.checkpoint_dir, args.checkpoint_every)
-        return got if topo.rank == 0 else None
-    dist_cfg = _dist_config(cfg)
-    cfg = cfg.replace({"dist.quadratic": list(dist_cfg.quadratic)})  # the row's params_hash covers the coefficients
-    load_dataset(cfg, args.dataset)  # prepared here once, before the ranks read it
-    return launch(fit_rank, dist_cfg.world, nodes=dist_cfg.nodes, backend=dist_cfg.backend,
-                  args=(cfg, args.dataset, dist_cfg, args.checkpoint_dir, args.checkpoint_every),
-                  timeout_s=max(dist_cfg.timeout_s, 3600.0))[0]
-
-
 # train's flags, each the shorthand of a dist field (--balance kk = -o dist.balance=kk)
 _DIST_FLAGS = ("world", "nodes", "backend", "balance", "cost", "items", "dedup", "schedule", "staleness")
 # the fields one process reads (the rest are read by data-parallel ranks only)
@@ -255,38 +229,6 @@ def _refuse_moot_dist_settings(given: dict[str, tuple[str, object]]) -> None:
         it = "it" if len(moot) == 1 else "them"
         raise ConfigError(f"{' '.join(moot)}: only data-parallel ranks read {it}, and --world is 1 (dist.world: one "
                           f"process); start N ranks with --world N, or leave {it} out")
-
-
-def _dist_config(cfg, launcher: bool = True) -> DistConfig:
-    """cfg.dist, with dist.cost 'quadratic' and no coefficients given calibrated here first (one HSTU
-    layer of cfg.model, timed) by the launching process."""
-    dc = cfg.dist
-    if dc.cost == "quadratic" and not dc.quadratic:
-        if not launcher:  # each torchrun rank would time its own coefficients, and the ranks plan alike only on equal ones
-            raise ConfigError("--cost quadratic: calibrated by the launching process; under torchrun give "
-                              "-o dist.quadratic=[c0,a,b], use --cost flops or tokens, or start the ranks here "
-                              "with --world N")
-        dc = dataclasses.replace(dc, quadratic=_calibrate_quadratic(cfg))
-    return dc
-
-
-def _calibrate_quadratic(cfg) -> tuple[float, float, float]:
-    """(c0, a, b) of one HSTU layer's seconds per sequence, fitted on lengths 16 .. data.max_len (grlib.distributed.cost)."""
-    import sys
-
-    import numpy as np
-
-    from grlib.distributed.cost import calibrate_layer, fit_quadratic
-
-    if cfg.model.name != "hstu":
-        raise ConfigError(f"--cost quadratic: calibrated on an HSTU layer; --model {cfg.model.name} needs "
-                          f"--cost flops or tokens")
-    lengths = sorted({int(round(x)) for x in np.geomspace(16, max(cfg.data.max_len, 64), 6)})
-    points = calibrate_layer(cfg.model, lengths, repeats=3)
-    fit = fit_quadratic([p["length"] for p in points], [p["seconds_per_sequence"] for p in points])
-    print(f"--cost quadratic: calibrated c0={fit.c0:.3g} a={fit.a:.3g} b={fit.b:.3g} s (r2 {fit.r2:.3f}) on one "
-          f"HSTU layer at lengths {lengths}", file=sys.stderr, flush=True)
-    return (fit.c0, fit.a, fit.b)
 
 
 def _fmt(v) -> str:

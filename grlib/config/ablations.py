@@ -115,7 +115,7 @@ class BalanceAblation:
                 max_len pair_max_len) with balance none, then pair_method: all-reduce wait and step time
     """
 
-    methods: list[str] = param(rule=each(choice(choices.BALANCE_METHODS)),
+    methods: list[str] = param(rule=each(choice(choices.BALANCERS)),
                                factory=lambda: ["random", "snake", "lpt", "kk"])
     equal_counts: bool = param(True, FLAG)
     ranks: list[int] = param(rule=each(at_least(1)), factory=lambda: [8, 64, 512, 1536])

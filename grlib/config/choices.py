@@ -36,12 +36,12 @@ KERNEL_DTYPES = ("float32", "bfloat16")  # kernels.dtype
 REGIMES = ("truncated", "scaled")  # ablations.kernels.regimes: real lengths cut at max_len, or scaled to it
 
 # distributed (grlib.config.sections.DistConfig; --balance, --cost, --backend of `train`)
-BALANCERS = ("none", "random", "snake", "lpt", "kk")  # none: contiguous split of the global batch
+# dist.balance, ablations.balance.methods (grlib.distributed.balance.METHODS); none: contiguous split of the global batch
+BALANCERS = ("none", "random", "snake", "lpt", "kk")
 BALANCE_COSTS = ("flops", "tokens", "quadratic")  # the per-sequence cost the balancer evens out (quadratic: calibrated)
 BACKENDS = ("auto", "gloo", "nccl", "hccl")
 ITEM_SHARDING = ("replicated", "flat", "hierarchical")  # the item table: on every rank, or row-sharded (all-to-all)
 ITEM_DEDUP = ("none", "rank", "node")  # ids sent once per rank / once per node (hierarchical only)
-BALANCE_METHODS = ("random", "snake", "lpt", "kk", "contiguous")  # ablations.balance.methods (grlib.distributed.balance.METHODS)
 SHARDED_ITEMS = ("flat", "hierarchical")  # ITEM_SHARDING's row-sharded tables (ablations.semi_async.items, ...)
 
 # dist.schedule, ablations.scaling.schedules: a registered schedule (grlib.schedules; a plugin's too, so

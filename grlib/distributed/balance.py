@@ -3,7 +3,7 @@
 Each of the B sequences of a global batch has a cost (grlib.distributed.cost: modelled seconds or FLOPs);
 `assign` gives every sequence an owner rank so that the per-rank loads are even. Methods:
 
-    contiguous  ranks take consecutive sequences, the first B % P one more (JaggedBatch.split(P))
+    none        no balancing: ranks take consecutive sequences, the first B % P one more (JaggedBatch.split(P))
     random      a seeded permutation, then contiguous chunks: users as a shuffling loader deals them
     snake       sort by cost descending, deal 0..P-1, P-1..0, 0..P-1, ... (boustrophedon)
     lpt         longest processing time first: sort descending, each to the least-loaded rank
@@ -14,7 +14,7 @@ data-parallel step needs equal-sized micro-batches: lpt skips a rank that is ful
 ranks may hold ceil(B/P)); kk runs the balanced variant (sequences sorted, padded with zero-cost
 dummies to a multiple of P, dealt in groups of P so that every partial solution's subsets hold
 the same number of sequences; the dummies of the last group land on distinct ranks and are
-dropped). equal_counts=False frees the counts of lpt and kk; contiguous, random and snake always
+dropped). equal_counts=False frees the counts of lpt and kk; none, random and snake always
 give floor/ceil counts (their definition), whatever the flag.
 
 Determinism: stable sorts (ties by sequence index), heaps keyed (load, rank) or (-spread, id):
@@ -39,7 +39,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-METHODS = ("contiguous", "random", "snake", "lpt", "kk")
+from grlib.config import choices
+
+METHODS = choices.BALANCERS  # ("none", "random", "snake", "lpt", "kk"): the names of dist.balance and --balance
 
 
 @dataclass(frozen=True)
@@ -92,7 +94,7 @@ def assign(costs: np.ndarray, ranks: int, method: str, *, equal_counts: bool = T
     if not np.isfinite(costs).all() or (costs < 0).any():
         raise ValueError("costs must be finite and >= 0 (one per sequence)")
     ranks = int(ranks)
-    if method == "contiguous":
+    if method == "none":
         owner = _contiguous(len(costs), ranks)
     elif method == "random":
         owner = np.empty(len(costs), dtype=np.int64)

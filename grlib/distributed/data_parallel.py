@@ -45,7 +45,7 @@ import torch.distributed as dist
 from torch import Tensor, nn
 
 from grlib.config import DistConfig, ModelConfig
-from grlib.distributed.balance import assign, imbalance
+from grlib.distributed.balance import METHODS, assign, imbalance
 from grlib.distributed.buckets import BucketedSync
 from grlib.distributed.cost import FlopsCost, QuadraticCost
 from grlib.distributed.sharded_embedding import ShardedRows, sum_over
@@ -54,9 +54,6 @@ from grlib.model.dropout import global_rows
 from grlib.negatives.path import ATTACHMENT, NegativePath, NegativeSample, PreparedSample
 from grlib.train.optim import Optimizers
 from grlib.train.step import TrainStep
-
-METHOD = {"none": "contiguous", "random": "random", "snake": "snake", "lpt": "lpt", "kk": "kk"}
-
 
 class RankMismatch(RuntimeError):
     """The ranks disagree on the global batch (different data, seed or order)."""
@@ -95,10 +92,10 @@ class Planner:
 
     def __init__(self, path: NegativePath, rank: int, world: int, balance: str = "none", *,
                  equal_counts: bool = True, cost: Callable[[np.ndarray], np.ndarray] | None = None, seed: int = 0):
-        if balance not in METHOD:
-            raise ValueError(f"balance must be one of {tuple(METHOD)}, got {balance!r}")
+        if balance not in METHODS:
+            raise ValueError(f"balance must be one of {METHODS}, got {balance!r}")
         self.path, self.rank, self.world = path, rank, world
-        self.method, self.equal_counts, self.seed = METHOD[balance], equal_counts, seed
+        self.method, self.equal_counts, self.seed = balance, equal_counts, seed
         self.cost = cost or (lambda lengths: np.asarray(lengths, dtype=np.float64))
         self.count = 0  # global batches planned (the random balancer's per-step seed)
 

@@ -29,7 +29,7 @@ import polars as pl
 import torch
 
 from grlib import plots, results
-from grlib.config import BalanceAblation, Config, DistConfig, choices
+from grlib.config import BalanceAblation, Config, choices
 from grlib.data.synthetic import user_lengths
 from grlib.distributed.balance import assign, imbalance, max_over_mean
 from grlib.distributed.cost import QuadraticCost, calibrate_layer, fit_quadratic, time_pass
@@ -113,9 +113,9 @@ def time_sliced(cfg: Config, ab: BalanceAblation, cost: QuadraticCost, seed: int
     return rows
 
 
-def pair_rank(runtime, cfg: Config, dist_cfg: DistConfig, steps: int, batch_size: int, max_len: int) -> dict:
-    """One of the two measured ranks: `steps` training steps on the scale's data at `max_len`; this
-    rank's per-step seconds (the first two, warm-up, dropped)."""
+def pair_rank(runtime, cfg: Config, steps: int, batch_size: int, max_len: int) -> dict:
+    """One of the two measured ranks (cfg.dist their settings): `steps` training steps on the scale's
+    data at `max_len`; this rank's per-step seconds (the first two, warm-up, dropped)."""
     from grlib.data.catalog import load_dataset
     from grlib.model import build_model
     from grlib.fit import train
@@ -128,8 +128,9 @@ def pair_rank(runtime, cfg: Config, dist_cfg: DistConfig, steps: int, batch_size
         runtime.barrier()
     torch.manual_seed(cfg.train.seed)
     model = build_model(cfg.model, ds.data.n_items, max_len)
-    tcfg = dataclasses.replace(cfg.train, max_steps=steps + 2, epochs=10**6, batch_size=batch_size, select_best=False)
-    fit = train(model, ds.data, tcfg, max_len, cfg.negatives, runtime=runtime, dist_cfg=dist_cfg)
+    run_cfg = cfg.replace({"train.max_steps": steps + 2, "train.epochs": 10**6, "train.batch_size": batch_size,
+                           "train.select_best": False})
+    fit = train(model, ds.data, run_cfg, max_len, runtime=runtime)
     kept = fit.timeline[2:]
     return {"rank": runtime.topology.rank, "allreduce_s": [r["allreduce_s"] for r in kept],
             "step_s": [sum(r[f"{p}_s"] for p in PHASES) for r in kept],
@@ -144,9 +145,9 @@ def two_process(cfg: Config, ab: BalanceAblation, cost: QuadraticCost) -> list[d
     load_dataset(cfg, "scale")  # prepared once, before the ranks read it
     rows = []
     for method in ("none", ab.pair_method):
-        dist_cfg = DistConfig(world=2, balance=method, equal_counts=ab.equal_counts, cost="quadratic",
-                              quadratic=(cost.c0, cost.a, cost.b))
-        ranks = launch(pair_rank, 2, args=(cfg, dist_cfg, ab.pair_steps, ab.pair_batch_size, ab.pair_max_len),
+        pair_cfg = cfg.replace({"dist.world": 2, "dist.balance": method, "dist.equal_counts": ab.equal_counts,
+                                "dist.cost": "quadratic", "dist.quadratic": [cost.c0, cost.a, cost.b]})
+        ranks = launch(pair_rank, 2, args=(pair_cfg, ab.pair_steps, ab.pair_batch_size, ab.pair_max_len),
                        timeout_s=1800)
         step = np.array([r["step_s"] for r in ranks])  # [2, steps]
         wait = np.array([r["allreduce_s"] for r in ranks])  # [2, steps]

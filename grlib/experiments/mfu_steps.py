@@ -67,7 +67,7 @@ def build_schedule(cfg, data, compiled: bool = False):
     model = build_model(cfg.model, data.n_items, cfg.data.max_len)
     model.train()
     model = PlainCompiled(model) if compiled else model
-    return assemble(model, data, cfg.train, cfg.negatives)
+    return assemble(model, data, cfg)
 
 
 def time_steps(cfg, data, batches, warmup: int, compiled: bool = False) -> tuple[list[dict], float, dict]:

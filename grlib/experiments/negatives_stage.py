@@ -18,7 +18,7 @@ neither on disk nor downloadable is skipped with a note) and each variant of Neg
   negatives_per_token / distinct_negatives_per_token / negative_rows / rows_per_step
                  from grlib.negatives.sample_stats, averaged over the timing batches
   ndcg@10, hr@10 full-ranking test metrics after a fixed budget: min(train_steps, the scale's
-                 epochs x batches) steps of grlib.train.train from the same initialisation, ranked
+                 epochs x batches) steps of grlib.fit.train from the same initialisation, ranked
                  for the first eval_users users; mean (and std) over seeds for the precision rows
 
 Ratios (`*_ratio`) divide by the per-token baseline of the same dataset, measured in the same run.
@@ -221,7 +221,8 @@ def measure_step_times(vs: list[Variant], cfg: Config, data: SequenceData, batch
         torch.manual_seed(seed)
         model = build_model(cfg.model, data.n_items)
         model.train()
-        runners[v.name] = assemble(model, data, cfg.train, v.negatives(cfg.negatives), seed=seed)
+        run_cfg = dataclasses.replace(cfg, negatives=v.negatives(cfg.negatives))
+        runners[v.name] = assemble(model, data, run_cfg, seed=seed)
     times: dict[str, list[float]] = {v.name: [] for v in vs}
     for r in progress(range(rounds), desc="timing rounds"):
         for v in vs[r % len(vs):] + vs[:r % len(vs)]:
@@ -231,7 +232,7 @@ def measure_step_times(vs: list[Variant], cfg: Config, data: SequenceData, batch
 
 def measure_quality(v: Variant, cfg: Config, data: SequenceData, ab: NegativesAblation, seed: int,
                     mask_history: bool) -> dict:
-    """Test NDCG@10 / HR@10 after the fixed budget (see module doc) with grlib.train.train."""
+    """Test NDCG@10 / HR@10 after the fixed budget (see module doc) with grlib.fit.train."""
     from grlib.evaluate import evaluate, last_token_scores
     from grlib.fit import train
     from grlib.model import build_model
@@ -239,9 +240,10 @@ def measure_quality(v: Variant, cfg: Config, data: SequenceData, ab: NegativesAb
     n_batches = data.n_train_batches(cfg.train.batch_size)
     steps = min(ab.train_steps, cfg.train.epochs * n_batches)
     tcfg = dataclasses.replace(cfg.train, seed=seed, epochs=math.ceil(steps / n_batches), max_steps=steps)
+    run_cfg = dataclasses.replace(cfg, train=tcfg, negatives=v.negatives(cfg.negatives))
     torch.manual_seed(seed)
     model = build_model(cfg.model, data.n_items)
-    fit = train(model, data, tcfg, cfg.data.max_len, v.negatives(cfg.negatives))
+    fit = train(model, data, run_cfg)
     ebs = cfg.train.eval_batch_size
     batches = data.eval_batches("test", ebs, cfg.data.max_len)
     if ab.eval_users:

@@ -25,7 +25,7 @@ import altair as alt
 import polars as pl
 
 from grlib import plots, results
-from grlib.config import Config, DistConfig, SemiAsyncAblation
+from grlib.config import Config, SemiAsyncAblation
 from grlib.experiments import claims as registry
 
 TABLE = "semi_async"
@@ -59,15 +59,16 @@ def grid_rank(runtime, cfg: Config, ab: SemiAsyncAblation) -> list[dict]:
         os.environ["GRLIB_PROGRESS"] = "0"
     rows = []
     for run in runs(ab):
-        run_cfg = cfg.replace({**run["overrides"], "train.seed": run["seed"], "train.max_steps": run["max_steps"]})
+        run_cfg = cfg.replace({**run["overrides"], "train.seed": run["seed"], "train.max_steps": run["max_steps"],
+                               "dist.world": runtime.topology.world, "dist.nodes": runtime.topology.nodes,
+                               "dist.balance": ab.balance, "dist.items": ab.items, "dist.schedule": "semisync",
+                               "dist.staleness": run["k"]})
         if runtime.topology.rank != 0:
             runtime.barrier()
         ds = load_dataset(run_cfg, run["dataset"])  # rank 0 prepares a dataset first, once
         if runtime.topology.rank == 0:
             runtime.barrier()
-        dist_cfg = DistConfig(world=runtime.topology.world, nodes=runtime.topology.nodes, balance=ab.balance,
-                              items=ab.items, schedule="semisync", staleness=run["k"])
-        fit = fit_and_evaluate(run_cfg, ds, None, runtime=runtime, dist_cfg=dist_cfg)
+        fit = fit_and_evaluate(run_cfg, ds, None, runtime=runtime)
         key = {"dataset": ds.name, "case": run["case"], "k": run["k"], "seed": run["seed"],
                "lr": run_cfg.train.lr, "n_items": ds.data.n_items, "overrides": json.dumps(run["overrides"], sort_keys=True)}
         rows.append({"part": "final", **key, **{k: v for k, v in fit.row.items()

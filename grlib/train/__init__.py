@@ -6,7 +6,8 @@
 Modules: `step` (the one training step: data, forward, loss, backward, optimizer), `prefetch`
 (schedules around the step: sync, or negatives prepared ahead by a worker thread), `loop` (epochs,
 timeline, model selection), `optim` (AdamW + lazy row-wise Adam for embeddings, warm-up,
-clipping), `checkpoint` (atomic checkpoints, exact resume), `cli` (`python -m grlib train`).
+clipping), `checkpoint` (atomic checkpoints, exact resume). A run's schedule is built and trained,
+on 1 or N ranks, by grlib.fit (what `python -m grlib train`, grlib.cli.train, runs).
 """
 from grlib.train.step import PHASES, StepResult, TrainStep
 

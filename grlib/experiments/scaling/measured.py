@@ -72,24 +72,25 @@ def cpu_and_wait() -> tuple[float, float]:
                            f"tell other jobs' share of the cores from the steps' own time; this system has none") from None
 
 
-def _train(cfg: Config, data, runtime, dist_cfg: DistConfig | None, steps: int, batch_size: int, max_len: int):
-    """The timeline of `steps` training steps; each row also holds cpu_s and rq_wait_s, the seconds the
-    main thread ran on a core and waited for one between the previous step's record and its own."""
+def _train(cfg: Config, data, runtime, steps: int, batch_size: int, max_len: int):
+    """The timeline of `steps` training steps (on `runtime`'s ranks: cfg.dist set to them, dist_config);
+    each row also holds cpu_s and rq_wait_s, the seconds the main thread ran on a core and waited for
+    one between the previous step's record and its own."""
     from grlib.model import build_model
     from grlib.perf import sequence_flops
     from grlib.fit import train
 
     torch.manual_seed(cfg.train.seed)
     model = build_model(cfg.model, data.n_items, max_len)
-    tcfg = dataclasses.replace(cfg.train, max_steps=steps, epochs=10**6, batch_size=batch_size, select_best=False)
+    run_cfg = cfg.replace({"train.max_steps": steps, "train.epochs": 10**6, "train.batch_size": batch_size,
+                           "train.select_best": False})
     stats = [cpu_and_wait()]
 
     def flops(batch) -> float:  # called once per step, as its row is recorded
         stats.append(cpu_and_wait())
         return sequence_flops(batch.lengths().numpy(), cfg.model)
 
-    timeline = train(model, data, tcfg, max_len, cfg.negatives, runtime=runtime, dist_cfg=dist_cfg,
-                     flops_fn=flops).timeline
+    timeline = train(model, data, run_cfg, max_len, runtime=runtime, flops_fn=flops).timeline
     for row, before, after in zip(timeline, stats[:-1], stats[1:], strict=True):
         row["cpu_s"], row["rq_wait_s"] = after[0] - before[0], after[1] - before[1]
     return timeline
@@ -161,13 +162,13 @@ def pair_rank(runtime, cfg: Config, spec: PairSpec) -> dict:
             runtime.barrier()
             if variant == "alone":
                 if topo.rank == 0:
-                    out["alone"].append(_train(cfg, data, None, None, solo, per_rank, spec.max_len)[spec.warm:])
+                    out["alone"].append(_train(cfg, data, None, solo, per_rank, spec.max_len)[spec.warm:])
             elif variant == "solo":
-                out["solo"].append(_train(cfg, data, None, None, solo, per_rank, spec.max_len)[spec.warm:])
+                out["solo"].append(_train(cfg, data, None, solo, per_rank, spec.max_len)[spec.warm:])
             else:
                 schedule, k = variant
-                timeline = _train(cfg, data, runtime, dist_config(spec, topo.world, schedule, k),
-                                  spec.warm + spec.steps + 1, spec.batch_size, spec.max_len)
+                run_cfg = dataclasses.replace(cfg, dist=dist_config(spec, topo.world, schedule, k))
+                timeline = _train(run_cfg, data, runtime, spec.warm + spec.steps + 1, spec.batch_size, spec.max_len)
                 out["runs"].append({"schedule": schedule, "staleness": k, "round": rnd, "timeline": timeline})
     return out
 
