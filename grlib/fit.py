@@ -41,6 +41,7 @@ from grlib.config import Config, ConfigError, DistConfig
 from grlib.data.catalog import Dataset, load_dataset
 from grlib.data.sequences import SequenceData
 from grlib.distributed import data_parallel
+from grlib.distributed.schedules import rank_schedule
 from grlib.distributed.stream import CommStream
 from grlib.distributed.sharded_embedding import shard_item_table
 from grlib.distributed.topology import side_channel
@@ -74,7 +75,7 @@ def assemble(model: nn.Module, data: SequenceData, cfg: Config, *, seed: int | N
                                           bucket_bytes=dc.bucket_bytes if spec.bucketed else None)
     side = side_channel(runtime, dc.timeout_s) if step.tables and spec.side_channel else None
     stream = CommStream(side_channel(runtime, dc.timeout_s)) if step.tables and spec.stream else None
-    return spec.ranks_class()(step, planner, dc.staleness, side, stream)
+    return rank_schedule(dc.schedule)(step, planner, dc.staleness, side, stream)
 
 
 def _check_layout(dc: DistConfig, runtime) -> int:

@@ -1,4 +1,4 @@
-"""The schedule registry: every training schedule's name, traits, model cost and classes, in one place.
+"""The schedule registry: every training schedule's name, traits and model cost, in one place.
 
 A schedule is what runs ahead of step i while step i computes. Each is a class behind one interface,
 `run(batches) -> one StepResult per batch` (the base: grlib.train.prefetch.SyncSchedule):
@@ -11,13 +11,15 @@ A schedule is what runs ahead of step i while step i computes. Each is a class b
 This module holds what the rest reads without importing torch: the CLI's --schedule choices, the
 config's dist.schedule / staleness / bucket_bytes checks (grlib.config), grlib.fit's assembly (side
 channel, buckets, stream), the pipeline model (grlib.sim.pipeline prices a schedule from its
-ModelCost) and the scaling stage (grlib.experiments.scaling). The classes are named as
-"module:Class" and imported when a run builds one.
+ModelCost) and the scaling stage (grlib.experiments.scaling). A class names the schedule it runs
+(`class Pipelined(RankSchedule, schedule=PIPELINED)`); the registry names no class, so what reads
+the names and traits (the config, every stage) depends on no training code.
 
-Adding a schedule is one file plus its model cost: a class (a subclass of RankSchedule, say) and a
-Spec naming it, with the ModelCost the pipeline model prices it by (None: the model refuses it). A
+Adding a schedule is one file plus its model cost: a class (a subclass of RankSchedule, say) naming
+it and a Spec with the ModelCost the pipeline model prices it by (None: the model refuses it). A
 built-in one is a line in BUILTIN; any other is a plugin: a Python file defining GRLIB_SCHEDULES, a
-tuple of Spec, named in the environment variable GRLIB_SCHEDULES (files separated by os.pathsep).
+tuple of Spec, and its classes, named in the environment variable GRLIB_SCHEDULES (files separated
+by os.pathsep).
 The registry imports those files the first time it is read, in every process (the ranks that
 grlib.distributed.launch spawns inherit the variable), so `GRLIB_SCHEDULES=mine.py python -m grlib
 train --world 2 --schedule mine` runs it. A missing file, a file without GRLIB_SCHEDULES, or a name
@@ -26,13 +28,11 @@ registered twice fails naming the file.
 from __future__ import annotations
 
 import dataclasses
-import importlib
 import importlib.util
 import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 PLUGINS_ENV = "GRLIB_SCHEDULES"
 
@@ -59,7 +59,7 @@ class ModelCost:
 
 @dataclass(frozen=True)
 class Spec:
-    """One schedule: its name, its classes ("module:Class" or the class), its traits and model cost.
+    """One schedule: its name, its traits and model cost (its classes name it: module note).
 
     stale         takes a staleness k (dist.staleness > 0 allowed)
     bucketed      the dense gradients go in buckets of dist.bucket_bytes during backward
@@ -68,8 +68,7 @@ class Spec:
     stream        a sharded table's trips run on a communication stream"""
 
     name: str
-    ranks: Any  # the class of a rank of N (grlib.distributed.schedules.RankSchedule's interface)
-    one_process: Any = None  # the class of one process (grlib.train.prefetch.SyncSchedule's), None: ranks only
+    one_process: bool = False  # one process runs it too (grlib.train.prefetch), not only a rank of N
     stale: bool = False
     bucketed: bool = False
     side_channel: bool = False
@@ -83,34 +82,32 @@ class Spec:
         if self.stream and not (self.side_channel and self.bucketed):
             raise ValueError(f"schedule {self.name!r}: a stream needs the side channel and the buckets")
 
-    def ranks_class(self) -> type:
-        return _resolve(self.ranks, self.name)
+    def class_in(self, table: dict[str, type], kind: str) -> type:
+        """This schedule's class in `table` (a class family's name -> class, filled as its classes
+        are defined); `kind` names the family in the error."""
+        if self.name not in table:
+            raise ValueError(f"schedule {self.name!r} has no {kind} class (a class names it: "
+                             f"class C(<{kind} base>, schedule={self.name!r}))")
+        return table[self.name]
 
-    def one_process_class(self) -> type:
-        if self.one_process is None:
-            raise ValueError(f"schedule {self.name!r} runs on ranks only (world > 1); one process runs "
-                             f"{' or '.join(s.name for s in specs() if s.one_process is not None)}")
-        return _resolve(self.one_process, self.name)
 
-
-_RANKS, _ONE = "grlib.distributed.schedules", "grlib.train.prefetch"
+SYNC, PREFETCH, SEMISYNC, OVERLAP, PIPELINED = "sync", "prefetch", "semisync", "overlap", "pipelined"
 BUILTIN = (
-    Spec("sync", f"{_RANKS}:Sync", f"{_ONE}:SyncSchedule", model=ModelCost(False),
-         summary="plan each step inline"),
-    Spec("prefetch", f"{_RANKS}:Prefetch", f"{_ONE}:PrefetchSchedule", side_channel=True,
+    Spec(SYNC, one_process=True, model=ModelCost(False), summary="plan each step inline"),
+    Spec(PREFETCH, one_process=True, side_channel=True,
          model=ModelCost(True), summary="plan step i+1 (and its id all-to-alls) during step i"),
-    Spec("semisync", f"{_RANKS}:Semisync", stale=True, side_channel=True, model=ModelCost(True, rows_ahead=True),
+    Spec(SEMISYNC, stale=True, side_channel=True, model=ModelCost(True, rows_ahead=True),
          summary="prefetch, and input item rows looked up --staleness steps early"),
-    Spec("overlap", f"{_RANKS}:Overlap", bucketed=True, side_channel=True,
+    Spec(OVERLAP, bucketed=True, side_channel=True,
          model=ModelCost(True, overlap_allreduce=True),
          summary="prefetch, dense gradients all-reduced in buckets during backward"),
-    Spec("pipelined", f"{_RANKS}:Pipelined", stale=True, bucketed=True, side_channel=True, stream=True,
+    Spec(PIPELINED, stale=True, bucketed=True, side_channel=True, stream=True,
          model=ModelCost(True, rows_ahead=True, overlap_allreduce=True, sparse_stream=True),
          summary="semisync + overlap + a sharded item table's all-to-alls on a communication stream"),
 )
 
 # negatives.async_sampling -> the one-process schedule it runs (grlib.train.prefetch.build_schedule)
-ONE_PROCESS = {False: BUILTIN[0].name, True: BUILTIN[1].name}
+ONE_PROCESS = {False: SYNC, True: PREFETCH}
 
 _registry: dict[str, Spec] = {}
 _loaded: list[str] = []  # the plugin files imported so far
@@ -121,7 +118,7 @@ def register(spec: Spec) -> Spec:
     _builtins()
     old = _registry.get(spec.name)
     if old is not None and old != spec:
-        raise ValueError(f"schedule {spec.name!r} is registered already ({old.ranks})")
+        raise ValueError(f"schedule {spec.name!r} is registered already ({old})")
     _registry[spec.name] = spec
     return spec
 
@@ -183,13 +180,6 @@ def with_trait(trait: str) -> tuple[str, ...]:
     return tuple(s.name for s in specs() if getattr(s, trait))
 
 
-def of_class(cls: type) -> Spec:
-    """The Spec whose rank class is `cls`; a class no Spec names fails."""
-    found = [s for s in specs() if s.ranks_class() is cls]
-    if not found:
-        raise ValueError(f"{cls.__module__}.{cls.__qualname__} is no registered schedule's class (grlib.schedules.register)")
-    return found[0]
-
 
 def priced() -> tuple[str, ...]:
     """The schedules the pipeline model prices (those that declare a ModelCost)."""
@@ -209,12 +199,3 @@ def modelled_as(cost: ModelCost, staleness: int = 1) -> str:
         raise ValueError(f"no registered schedule has the model cost {cost}")
     return found[0]
 
-
-def _resolve(impl: Any, name: str) -> type:
-    if not isinstance(impl, str):
-        return impl
-    module, _, attr = impl.partition(":")
-    try:
-        return getattr(importlib.import_module(module), attr)
-    except (ImportError, AttributeError) as exc:
-        raise ImportError(f"schedule {name!r}: cannot import its class {impl!r}: {exc}") from exc

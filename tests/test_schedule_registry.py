@@ -17,24 +17,24 @@ import numpy as np
 import pytest
 
 from grlib import schedules
-from grlib.distributed.schedules import RankSchedule, Sync
+from grlib.distributed.schedules import RankSchedule, Sync, rank_schedule
 from grlib.schedules import ModelCost, Spec
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
-class SyncTwin(Sync):
+class SyncTwin(Sync, schedule="sync-twin"):
     """sync's steps under another name, priced as sync."""
 
 
-class Unpriced(Sync):
+class Unpriced(Sync, schedule="unpriced"):
     """sync's steps with no model cost: the pipeline model refuses it."""
 
 
 # the plugin hook (grlib.schedules.load_plugin): this file's schedules
 GRLIB_SCHEDULES = (
-    Spec("sync-twin", SyncTwin, model=ModelCost(plan_ahead=False), summary="sync, from a test's plugin file"),
-    Spec("unpriced", Unpriced, summary="sync, declaring no model cost"),
+    Spec("sync-twin", model=ModelCost(plan_ahead=False), summary="sync, from a test's plugin file"),
+    Spec("unpriced", summary="sync, declaring no model cost"),
 )
 
 
@@ -43,6 +43,7 @@ def registry(monkeypatch):
     """The registry as it is, restored after the test (a plugin registered here stays here)."""
     monkeypatch.setattr(schedules, "_registry", dict(schedules._registry))
     monkeypatch.setattr(schedules, "_loaded", list(schedules._loaded))
+    monkeypatch.setattr(RankSchedule, "classes", dict(RankSchedule.classes))
     monkeypatch.delenv(schedules.PLUGINS_ENV, raising=False)
     return schedules
 
@@ -73,10 +74,12 @@ def test_every_list_of_schedules_is_the_registry(registry):
     for name in registry.priced():  # the pipeline model prices every schedule with a cost
         setup = Setup(name, 1 if registry.get(name).stale else 0)
         assert (setup.overlap_allreduce, setup.sparse_stream) == (registry.get(name).bucketed, registry.get(name).stream)
-    for spec in registry.specs():  # each a class of the one family, found back from its class
-        assert issubclass(spec.ranks_class(), RankSchedule) and registry.of_class(spec.ranks_class()) is spec
-    assert registry.get(registry.ONE_PROCESS[False]).one_process_class().__name__ == "SyncSchedule"
-    assert registry.get(registry.ONE_PROCESS[True]).one_process_class().__name__ == "PrefetchSchedule"
+    for spec in registry.specs():  # each a class of the one family, naming its entry
+        assert issubclass(rank_schedule(spec.name), RankSchedule) and rank_schedule(spec.name).schedule_name == spec.name
+    from grlib.train.prefetch import SyncSchedule
+    one = {n: c.__name__ for n, c in SyncSchedule.one_process_classes.items()}
+    assert one == {registry.ONE_PROCESS[False]: "SyncSchedule", registry.ONE_PROCESS[True]: "PrefetchSchedule"}
+    assert [s.name for s in registry.specs() if s.one_process] == list(one)
 
 
 def test_no_other_grlib_file_names_a_schedule():
@@ -101,14 +104,19 @@ def test_a_plugin_file_registers_schedules_that_the_model_prices_or_refuses(regi
                                          r"model cost \(grlib.schedules.Spec.model\); priced: \("):
         Setup("unpriced")
     with pytest.raises(ValueError, match="schedule 'sync' is registered already"):
-        registry.register(Spec("sync", Unpriced))
+        registry.register(Spec("sync"))
     with pytest.raises(FileNotFoundError, match="GRLIB_SCHEDULES: no such schedule plugin file"):
         registry.load_plugin(tmp_path / "absent.py")
     (tmp_path / "empty.py").write_text("X = 1\n")
     with pytest.raises(ValueError, match="defines no GRLIB_SCHEDULES, a tuple of grlib.schedules.Spec"):
         registry.load_plugin(tmp_path / "empty.py")
-    with pytest.raises(ValueError, match="is no registered schedule's class"):
-        type("Stray", (Sync,), {})(None, None)
+    with pytest.raises(ValueError, match=r"^Stray names no schedule"):
+        type("Stray", (Sync,), {})(None, None)  # a subclass runs the schedule it names, not its parent's
+    with pytest.raises(ValueError, match="schedule 'sync' has a rank class already"):
+        type("Again", (Sync,), {}, schedule="sync")
+    registry.register(Spec("classless"))
+    with pytest.raises(ValueError, match="schedule 'classless' has no RankSchedule class"):
+        rank_schedule("classless")
 
 
 def test_a_schedule_from_this_file_trains_on_two_ranks(tmp_path, isolated_outputs):

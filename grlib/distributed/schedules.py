@@ -35,15 +35,17 @@ Each step's result carries `stale_fraction` (semisync, pipelined: the share of i
 that an update changed between lookup and use), `t_start` (for per-rank timelines) and the seconds
 spent inside item all-to-alls (`lookup_comm_s`; pipelined: waiting for the stream's rows).
 
-Each schedule is a subclass of RankSchedule named in the registry (grlib.schedules), which holds its
-traits (stale, bucketed, side channel, stream); an instance finds its Spec by its class:
+Each schedule is a subclass of RankSchedule naming its entry in the registry (grlib.schedules),
+which holds its traits (stale, bucketed, side channel, stream):
 
-    spec = grlib.schedules.get(dist.schedule)
-    schedule = spec.ranks_class()(step, planner, staleness, side, stream)   # grlib.fit.assemble
+    class Pipelined(RankSchedule, schedule=PIPELINED): ...
+    schedule = rank_schedule(dist.schedule)(step, planner, staleness, side, stream)   # grlib.fit.assemble
 """
 from __future__ import annotations
 
 import collections
+import os
+import sys
 import time
 from collections.abc import Generator, Iterable, Iterator
 from typing import Any
@@ -65,12 +67,26 @@ from grlib.train.step import StepResult
 class RankSchedule(SyncSchedule):
     """One rank's steps under the registered schedule `name` (grlib.schedules) with staleness k (stale
     schedules only): the N-rank members of the schedule family (grlib.train.prefetch.SyncSchedule:
-    run(batches) -> one StepResult per batch). A subclass is registered under a name
-    (grlib.schedules.Spec.ranks) and reads its traits there."""
+    run(batches) -> one StepResult per batch). A subclass names its registered schedule
+    (`schedule=NAME`) and reads its traits there."""
+
+    classes: dict[str, type] = {}  # schedule name -> its rank class, as each is defined
+    schedule_name: str = ""
+
+    def __init_subclass__(cls, schedule: str | None = None, **kwargs):
+        super().__init_subclass__(**kwargs)
+        cls.schedule_name = schedule or ""  # a subclass naming none runs no schedule (not its parent's)
+        if schedule is not None:  # its Spec is checked when a run asks for it (rank_schedule)
+            old = RankSchedule.classes.get(schedule)
+            if old is not None and _origin(old) != _origin(cls):
+                raise ValueError(f"schedule {schedule!r} has a rank class already ({old.__module__}.{old.__qualname__})")
+            RankSchedule.classes[schedule] = cls  # the same class again: its file was imported again
 
     def __init__(self, step: DataParallelStep, planner: Planner, staleness: int = 0,
                  side: Any = None, stream: CommStream | None = None):
-        spec = schedules.of_class(type(self))
+        if not self.schedule_name:
+            raise ValueError(f"{type(self).__qualname__} names no schedule (class C(RankSchedule, schedule=NAME))")
+        spec = schedules.get(self.schedule_name)
         self.name = spec.name
         if staleness < 0 or (staleness and not spec.stale):
             raise ValueError(f"staleness must be >= 0 and only with schedules {schedules.with_trait('stale')}, "
@@ -204,22 +220,33 @@ class RankSchedule(SyncSchedule):
         return float(changed[ids].float().mean())
 
 
-# the built-in schedules: the registry (grlib.schedules) names each class and holds its traits
-class Sync(RankSchedule):
+def _origin(cls: type) -> tuple[str, str]:
+    """(its source file, its name): one class however its file was imported (a plugin file may be a test module too)."""
+    file = getattr(sys.modules.get(cls.__module__), "__file__", None)
+    return (os.path.realpath(file) if file else cls.__module__, cls.__qualname__)
+
+
+def rank_schedule(name: str) -> type[RankSchedule]:
+    """The rank class of the registered schedule `name` (a plugin's once its file is loaded)."""
+    return schedules.get(name).class_in(RankSchedule.classes, "RankSchedule")
+
+
+# the built-in schedules: each names its entry in the registry (grlib.schedules), which holds its traits
+class Sync(RankSchedule, schedule=schedules.SYNC):
     """Plans each step inline."""
 
 
-class Prefetch(RankSchedule):
+class Prefetch(RankSchedule, schedule=schedules.PREFETCH):
     """Plans step i+1 (and its routes) on the worker during step i."""
 
 
-class Semisync(RankSchedule):
+class Semisync(RankSchedule, schedule=schedules.SEMISYNC):
     """Prefetch, and the input rows of batch i+k looked up at the start of step i."""
 
 
-class Overlap(RankSchedule):
+class Overlap(RankSchedule, schedule=schedules.OVERLAP):
     """Prefetch's plan; the step's dense gradients in buckets (grlib.fit.assemble)."""
 
 
-class Pipelined(RankSchedule):
+class Pipelined(RankSchedule, schedule=schedules.PIPELINED):
     """Semisync's rows, overlap's buckets and a sharded table's trips on the stream."""

@@ -143,10 +143,17 @@ class PrefetchWorker(Generic[B, S]):
 
 class SyncSchedule:
     """One step per batch, nothing ahead: the step's loss draws the batch's negatives. The base of
-    the schedule family (registered in grlib.schedules): PrefetchSchedule here, a rank's
-    grlib.distributed.schedules.RankSchedule."""
+    the schedule family (each names its entry in grlib.schedules): PrefetchSchedule here, a rank's
+    grlib.distributed.schedules.RankSchedule. A one-process class names its schedule with
+    `process=NAME` (a Spec with one_process=True)."""
 
     world, rank = 1, 0  # one process (grlib.distributed.schedules.RankSchedule: a rank of N)
+    one_process_classes: dict[str, type] = {}  # schedule name -> its one-process class
+
+    def __init_subclass__(cls, process: str | None = None, **kwargs):
+        super().__init_subclass__(**kwargs)
+        if process is not None:  # its Spec is checked when a run asks for it (build_schedule)
+            SyncSchedule.one_process_classes[process] = cls
 
     def __init__(self, step: TrainStep):
         self.step = step
@@ -162,7 +169,10 @@ class SyncSchedule:
             yield result
 
 
-class PrefetchSchedule(SyncSchedule):
+SyncSchedule.one_process_classes[schedules.SYNC] = SyncSchedule
+
+
+class PrefetchSchedule(SyncSchedule, process=schedules.PREFETCH):
     """One step per batch, the next `depth` batches' negatives prepared by a worker thread."""
 
     def __init__(self, step: TrainStep, depth: int):
@@ -184,7 +194,7 @@ def build_schedule(step: TrainStep, negatives: NegativesConfig) -> SyncSchedule:
     """The registered one-process schedule (grlib.schedules) of negatives.async_sampling: prefetch's
     PrefetchSchedule (queue_depth ahead), else sync's SyncSchedule."""
     spec = schedules.get(schedules.ONE_PROCESS[negatives.async_sampling])
-    return spec.one_process_class().of(step, negatives)
+    return spec.class_in(SyncSchedule.one_process_classes, "one-process SyncSchedule").of(step, negatives)
 
 
 def one_process(model: nn.Module, n_items: int, item_counts, cfg: TrainConfig, negatives: NegativesConfig,
