@@ -163,9 +163,7 @@ void backward_single(const Args& a, double alpha_in, const at::Tensor& grad, at:
   scalar_t *gq = dq.data_ptr<scalar_t>(), *gk = dk.data_ptr<scalar_t>(), *gv = dv.data_ptr<scalar_t>();
   const int64_t oq = dq.stride(0), ok = dk.stride(0), ov = dv.stride(0);
   const std::vector<Task> tasks = sequence_tasks(p.o, a.B, a.H);
-  int64_t longest = 0;
-  for (int64_t b = 0; b < a.B; ++b) longest = std::max(longest, p.o[b + 1] - p.o[b]);
-  const int64_t workers = p.workers(tasks.size()), Lp = round_up(longest, BLK);
+  const int64_t workers = p.workers(tasks.size()), Lp = round_up(longest_sequence(p.o, a.B), BLK);
   // per worker: Q [Lp, Dp], dO [Lp, Dvp], dQ [Lp, Dp] (the whole sequence); KT [Dp, BLK], K [BLK, Dp],
   // VT [Dvp, BLK], dK [BLK, Dp], dV [BLK, Dvp]; S, dW [BLK, BLK]
   // gposr [P]: the task's position-bias gradient, reversed (contiguous along a score row); the

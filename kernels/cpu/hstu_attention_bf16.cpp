@@ -75,11 +75,6 @@ void pack(const scalar_t* src, int64_t stride, int64_t n, int64_t rows, int64_t 
   std::fill(dst + n * ld, dst + rows * ld, bf(0));
 }
 
-// n bf16 values from p into L2 (a prefetch per cache line)
-inline void prefetch_l2(const bf* p, int64_t n) {
-  for (int64_t e = 0; e < n; e += 32) _mm_prefetch(reinterpret_cast<const char*>(p + e), _MM_HINT_T1);
-}
-
 // dst [C, ldd] = src [R, lds]^T for bf16 (R, C: multiples of 32)
 void transpose(const bf* src, int64_t lds, int64_t R, int64_t C, bf* dst, int64_t ldd) {
   for (int64_t r0 = 0; r0 < R; r0 += 32)
@@ -208,12 +203,9 @@ at::Tensor forward_impl(const Args& a, double alpha_in) {
   auto out = at::empty({a.T, a.H, a.Dv}, a.q.options());
   const scalar_t *q = a.q.data_ptr<scalar_t>(), *k = a.k.data_ptr<scalar_t>(), *v = a.v.data_ptr<scalar_t>();
   scalar_t* y = out.data_ptr<scalar_t>();
-  std::vector<Task> tasks = sequence_tasks(p.o, a.B, a.H);
-  const bool per_sequence = sequence_tasks_balance(tasks);
-  if (!per_sequence) tasks = make_tasks(p.o, a.B, a.H, /*by_key=*/false);
-  int64_t longest = 0;
-  for (int64_t b = 0; b < a.B; ++b) longest = std::max(longest, p.o[b + 1] - p.o[b]);
-  const int64_t workers = p.workers(tasks.size()), Lp = round_up(longest, BLK);
+  const ForwardTasks ft = forward_tasks(p.o, a.B, a.H);
+  const std::vector<Task>& tasks = ft.tasks;
+  const int64_t workers = p.workers(tasks.size()), Lp = round_up(longest_sequence(p.o, a.B), BLK);
   const int64_t per = Carve::floats({BLK * BLK, BLK * z.Dvk, z.X},
                                     {Lp * z.Dk, Lp * z.Dk, Lp * z.Dvk, Lp * z.Dvk, BLK * z.Dk, BLK * Lp});
   auto bufs = scratch<float>(workers, per);
@@ -225,7 +217,7 @@ at::Tensor forward_impl(const Args& a, double alpha_in) {
     bf *Kb = cv.b16(Lp * z.Dk), *KT = cv.b16(Lp * z.Dk), *Vb = cv.b16(Lp * z.Dvk), *VP = cv.b16(Lp * z.Dvk);
     bf *Qb = cv.b16(BLK * z.Dk), *W = cv.b16(BLK * Lp);
     const int64_t base = p.o[t.b], L = p.o[t.b + 1] - base;
-    const int64_t tile0 = per_sequence ? 0 : t.blk, tile1 = per_sequence ? (L + BLK - 1) / BLK : t.blk + 1;
+    const int64_t tile0 = ft.tile0(t), tile1 = ft.tile1(t, L);
     const int64_t keys = std::min(L, tile1 * BLK), Kr = round_up(keys, BLK);
     const Bias<T> bias = p.bias(t.b, t.h);
     gemm.begin();
@@ -295,9 +287,7 @@ void backward_single(const Args& a, double alpha_in, const at::Tensor& grad, at:
   const scalar_t *q = a.q.data_ptr<scalar_t>(), *g = grad.data_ptr<scalar_t>();
   const int64_t rg = grad.stride(0);
   const std::vector<Task> tasks = sequence_tasks(p.o, a.B, a.H);
-  int64_t longest = 0;
-  for (int64_t b = 0; b < a.B; ++b) longest = std::max(longest, p.o[b + 1] - p.o[b]);
-  const int64_t workers = p.workers(tasks.size()), Lp = round_up(longest, BLK);
+  const int64_t workers = p.workers(tasks.size()), Lp = round_up(longest_sequence(p.o, a.B), BLK);
   // per worker, float32: dQ [Lp, Dk], the key tile's gradients (KeyGrads), S, dW; the bias partials
   // bf16: Q, Q^T, dO, dO^T of the sequence; KP [Lp / 2, Dk, 2] (every key's rows in pairs); dS
   // [Lp, Lp] (every tile pair's dS, for dQ after the key tiles); W and dS of a key tile against every
@@ -336,11 +326,6 @@ void backward_single(const Args& a, double alpha_in, const at::Tensor& grad, at:
       kt.pack(a, z, base + j0, t.h, nk, kg.tmp);
       for (int64_t i0 = j0; i0 < L; i0 += BLK) {
         const int64_t nq = std::min(BLK, L - i0), Mq = round_up(nq, 16), Kq = round_up(nq, 32);
-        if (i0 + BLK < L) {  // the next query tile's rows into L2 while this one computes (a sequence's Q and
-          // dO outgrow L2 at a few thousand tokens, and tile loads wait on each miss)
-          prefetch_l2(Qb + (i0 + BLK) * z.Dk, BLK * z.Dk);
-          prefetch_l2(dOb + (i0 + BLK) * z.Dvk, BLK * z.Dvk);
-        }
         gemm(Mq, Nk, z.Dk, Qb + i0 * z.Dk, z.Dk, kt.KT, 2 * BLK, S, BLK, false);     // S = q . k
         gemm(Mq, Nk, z.Dvk, dOb + i0 * z.Dvk, z.Dvk, kt.VT, 2 * BLK, dW, BLK, false);  // dW = dO V^T
         tile_backward(S, dW, dS + j0 * Lp + i0 * BLK, BLK, i0, j0, nq, nk, Mq, Nk, Kk, p, bias, &acc);

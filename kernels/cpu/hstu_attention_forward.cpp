@@ -28,18 +28,15 @@ at::Tensor forward_impl(const Args& a, double alpha_in) {
   auto out = at::empty({a.T, a.H, a.Dv}, a.q.options());
   const scalar_t *q = a.q.data_ptr<scalar_t>(), *k = a.k.data_ptr<scalar_t>(), *v = a.v.data_ptr<scalar_t>();
   scalar_t* y = out.data_ptr<scalar_t>();
-  std::vector<Task> tasks = sequence_tasks(p.o, a.B, a.H);
-  const bool per_sequence = sequence_tasks_balance(tasks);
-  if (!per_sequence) tasks = make_tasks(p.o, a.B, a.H, /*by_key=*/false);
-  int64_t longest = 0;
-  for (int64_t b = 0; b < a.B; ++b) longest = std::max(longest, p.o[b + 1] - p.o[b]);
-  const int64_t workers = p.workers(tasks.size()), Lp = round_up(longest, BLK);
+  const ForwardTasks ft = forward_tasks(p.o, a.B, a.H);
+  const std::vector<Task>& tasks = ft.tasks;
+  const int64_t workers = p.workers(tasks.size()), Lp = round_up(longest_sequence(p.o, a.B), BLK);
   // per worker: K [Lp, Dp], V [Lp, Dvp] (the task's keys and values), QT [Dp, BLK], ST [BLK, BLK], O [BLK, Dvp]
   auto bufs = scratch<T>(workers, Lp * (Dp + Dvp) + BLK * (Dp + BLK + Dvp));
   run_tasks(tasks, workers, [&](int64_t w, const Task& t) {
     T *Kp = bufs[w].data(), *Vp = Kp + Lp * Dp, *QT = Vp + Lp * Dvp, *ST = QT + Dp * BLK, *O = ST + BLK * BLK;
     const int64_t base = p.o[t.b], L = p.o[t.b + 1] - base;
-    const int64_t tile0 = per_sequence ? 0 : t.blk, tile1 = per_sequence ? (L + BLK - 1) / BLK : t.blk + 1;
+    const int64_t tile0 = ft.tile0(t), tile1 = ft.tile1(t, L);
     const int64_t keys = std::min(L, tile1 * BLK);  // keys [0, keys) are attended to
     const Bias<T> bias = p.bias(t.b, t.h);
     pack_rows(k + base * a.rk + t.h * D, a.rk, keys, D, Dp, T(1), Kp, a.act);

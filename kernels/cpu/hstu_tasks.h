@@ -55,6 +55,30 @@ inline bool sequence_tasks_balance(const std::vector<Task>& tasks) {
   return tasks.empty() || tasks.front().cost * at::get_num_threads() <= total;
 }
 
+// The longest of the B sequences of offsets o (the rows of a task's per-sequence scratch).
+inline int64_t longest_sequence(const int64_t* o, int64_t B) {
+  int64_t longest = 0;
+  for (int64_t b = 0; b < B; ++b) longest = std::max(longest, o[b + 1] - o[b]);
+  return longest;
+}
+
+// The forward's tasks: one per (sequence, head) when those balance over the workers
+// (sequence_tasks_balance), else one per (sequence, head, query tile). A task's query tiles are
+// [tile0, tile1) of its sequence of length L.
+struct ForwardTasks {
+  std::vector<Task> tasks;
+  bool per_sequence;
+  int64_t tile0(const Task& t) const { return per_sequence ? 0 : t.blk; }
+  int64_t tile1(const Task& t, int64_t L) const { return per_sequence ? (L + BLK - 1) / BLK : t.blk + 1; }
+};
+
+inline ForwardTasks forward_tasks(const int64_t* o, int64_t B, int64_t H) {
+  std::vector<Task> tasks = sequence_tasks(o, B, H);
+  const bool per_sequence = sequence_tasks_balance(tasks);
+  if (!per_sequence) tasks = make_tasks(o, B, H, /*by_key=*/false);
+  return {std::move(tasks), per_sequence};
+}
+
 // Runs fn(worker, task) for every task, longest first, dynamically balanced over the workers of
 // at::parallel_for (one index per worker; nested calls run serially on worker 0).
 template <typename F>
