@@ -131,45 +131,111 @@ struct BiasAcc {
   }
 };
 
-// The weights of a score tile S [query r, key c] (float32, row stride BLK): alpha, biases, SiLU / n in
-// place for c < valid(r); then rounded to bf16 into W [Mq, ldw] (zero past valid, through Kk columns,
-// and in rows nq .. Mq).
-void weights(T* S, bf* W, int64_t ldw, int64_t i0, int64_t j0, int64_t nq, int64_t nk, int64_t Mq, int64_t Kk,
-             const Pass<scalar_t>& p, const Bias<T>& bias) {
+// The bias of one score-tile row, as vectors: pos(i - j) from a table read contiguously along the row,
+// and the time term written into a row buffer run by run. The pointwise work of a tile then goes in
+// one pass per row (scale, bias, SiLU, mask, rounding), where the float32 kernels' steps (alpha, add_pos,
+// the time runs, SiLU, fills, rounding) each read and wrote the row (with thread_scratch, the gain in
+// docs/MEASUREMENTS.md, 2026-12-05).
+struct RowBias {
+  // ext [H, P + 2 BLK]: ext[h][u] = pos[h][min(P + BLK - 1 - u, P - 1)] for u < P + BLK, 0 after; the
+  // row of query i against keys j0 + x reads pos(i - j0 - x) = ext[P + BLK - 1 - (i - j0) + x]
+  std::vector<T> ext;
+  int64_t P, W;
+  RowBias(const Pass<scalar_t>& p, const Args& a) : ext(a.H * (a.P + 2 * BLK), T(0)), P(a.P), W(a.P + 2 * BLK) {
+    for (int64_t h = 0; h < a.H; ++h)
+      for (int64_t u = 0; u < P + BLK; ++u) ext[h * W + u] = p.pos[h * P + std::min(P + BLK - 1 - u, P - 1)];
+  }
+  // the pos terms of the row at distance d0 = i - j0 (nullptr: every entry is the last bucket's, far)
+  const T* pos_row(int64_t h, int64_t d0) const { return d0 <= P + BLK - 1 ? ext.data() + h * W + P + BLK - 1 - d0 : nullptr; }
+};
+
+// tb[x] = the time term of entries x < valid of a row (keys tsk[x], query time tsi), with the runs for
+// the gradients (runs.n = -1 for unsorted timestamps: entry by entry).
+inline void time_row(const Bias<T>& b, const int64_t* tsk, int64_t tsi, int64_t valid, T* tb, TimeRuns& runs) {
+  if (b.sorted) {
+    time_runs(tsk, tsi, 0, valid, b.Bt, runs);
+    for (int64_t k = 0; k < runs.n; ++k) {
+      const V<T> val = V<T>{} + b.time[runs.run[k].b];
+      for_vectors<T>(runs.run[k].x0, runs.run[k].x1, [&](int64_t c, const auto& in) {
+        vstore(tb + c, in ? val : vload(tb + c));
+      });
+    }
+  } else {
+    runs.n = -1;
+    for (int64_t x = 0; x < valid; ++x) tb[x] = b.time[time_bucket(tsk[x] - tsi, b.Bt)];
+  }
+}
+
+// 1 / (1 + e^-v) by a reciprocal estimate (14 bits) and one Newton step (about 2^-27 relative error)
+// instead of a vector division. fast_exp clamps its argument at 88.7, so d stays finite: no NaN.
+inline V<T> sigmoid_v(const V<T>& v) {
+  const V<T> d = T(1) + fast_exp(-v);
+  const V<T> r = (V<T>)_mm512_rcp14_ps((__m512)d);
+  return r * (T(2) - d * r);
+}
+
+// 16 floats -> 16 bf16 (round to nearest even)
+inline void store_bf16(bf* dst, const V<T>& v) {
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst), (__m256i)_mm512_cvtneps_pbh((__m512)v));
+}
+
+// The weights of a score tile S [query r, key c] (float32, row stride BLK), rounded to bf16 into W [Mq,
+// ldw]: SiLU(alpha s + bias) / n for c < valid(r), zero past it through Kk columns and in rows nq .. Mq.
+void weights(const T* S, bf* W, int64_t ldw, int64_t i0, int64_t j0, int64_t nq, int64_t nk, int64_t Mq, int64_t Kk,
+             const Pass<scalar_t>& p, const Bias<T>& bias, const RowBias& rb, int64_t h) {
   const int64_t* tsk = bias.ts ? bias.ts + j0 : nullptr;
+  const T far = bias.pos[bias.P - 1];
+  alignas(64) T tb[BLK] = {};
+  using I = IVec<T>::type;
+  I lane;
+  for (int64_t l = 0; l < LANES<T>; ++l) lane[l] = static_cast<int32_t>(l);
   for (int64_t r = 0; r < nq; ++r) {
     const int64_t i = i0 + r, valid = std::min(nk, i - j0 + 1);
-    T* __restrict s = S + r * BLK;
-    for (int64_t c = 0; c < valid; ++c) s[c] *= p.alpha;
-    add_bias<-1>(s, 0, valid, i - j0, bias, tsk, bias.ts ? bias.ts[i] : 0);
-    silu_scale(s, 0, valid, p.inv_n);
-    bf16::round_row(s, W + r * ldw, valid);
-    std::fill(W + r * ldw + valid, W + r * ldw + Kk, bf(0));
+    TimeRuns runs;
+    if (tsk) time_row(bias, tsk, bias.ts[i], valid, tb, runs);
+    const T* pr = rb.pos_row(h, i - j0);
+    const T* s = S + r * BLK;
+    bf* w = W + r * ldw;
+    for (int64_t c = 0; c < Kk; c += LANES<T>) {
+      V<T> v = p.alpha * vload(s + c) + (pr ? vload(pr + c) : V<T>{} + far);
+      if (tsk) v += vload(tb + c);
+      v = v * sigmoid_v(v) * p.inv_n;
+      store_bf16(w + c, (lane + static_cast<int32_t>(c)) < static_cast<int32_t>(valid) ? v : V<T>{});
+    }
   }
   for (int64_t r = nq; r < Mq; ++r) std::fill(W + r * ldw, W + r * ldw + Kk, bf(0));
 }
 
 // The backward of a score tile: S [query, key] <- weights, dW <- dL/dscores (float32, in place, zero
-// for valid(r) <= c < Nk), their bias gradients into acc (when given); dS rounded to bf16 into dSb
-// [Mq, ld] (zero past valid through Kk, rows nq .. Mq zero).
+// for valid(r) <= c < Kk), their bias gradients into acc (when given); dS rounded to bf16 into dSb
+// [Mq, ld] (zero past valid through Kk, rows nq .. Mq zero). One pass per row (RowBias).
 void tile_backward(T* S, T* dW, bf* dSb, int64_t ld, int64_t i0, int64_t j0, int64_t nq, int64_t nk, int64_t Mq,
-                   int64_t Nk, int64_t Kk, const Pass<scalar_t>& p, const Bias<T>& bias, BiasAcc* acc) {
+                   int64_t Kk, const Pass<scalar_t>& p, const Bias<T>& bias, const RowBias& rb, int64_t h,
+                   BiasAcc* acc) {
   const int64_t* tsk = bias.ts ? bias.ts + j0 : nullptr;
+  const T far = bias.pos[bias.P - 1];
+  alignas(64) T tb[BLK] = {};
+  using I = IVec<T>::type;
+  I lane;
+  for (int64_t l = 0; l < LANES<T>; ++l) lane[l] = static_cast<int32_t>(l);
   for (int64_t r = 0; r < nq; ++r) {
     const int64_t i = i0 + r, valid = std::min(nk, i - j0 + 1), tsi = bias.ts ? bias.ts[i] : 0;
+    TimeRuns runs;
+    if (tsk) time_row(bias, tsk, tsi, valid, tb, runs);
+    const T* pr = rb.pos_row(h, i - j0);
     T* __restrict s = S + r * BLK;
     T* __restrict ds = dW + r * BLK;
-    for (int64_t c = 0; c < valid; ++c) s[c] *= p.alpha;
-    TimeRuns runs;
-    add_bias<-1>(s, 0, valid, i - j0, bias, tsk, tsi, &runs);
-    silu_both<T>(s, ds, 0, valid, p.inv_n);
-    std::fill(s + valid, s + Nk, T(0));
-    std::fill(ds + valid, ds + Nk, T(0));
-    if (acc) acc->add(ds, i, j0, valid, tsk, tsi, runs);
-    if (dSb) {
-      bf16::round_row(ds, dSb + r * ld, valid);
-      std::fill(dSb + r * ld + valid, dSb + r * ld + Kk, bf(0));
+    for (int64_t c = 0; c < Kk; c += LANES<T>) {
+      V<T> v = p.alpha * vload(s + c) + (pr ? vload(pr + c) : V<T>{} + far);
+      if (tsk) v += vload(tb + c);
+      const V<T> sg = sigmoid_v(v);
+      const auto in = (lane + static_cast<int32_t>(c)) < static_cast<int32_t>(valid);
+      const V<T> g = in ? vload(ds + c) * sg * (T(1) + v * (T(1) - sg)) * p.inv_n : V<T>{};
+      vstore(s + c, in ? v * sg * p.inv_n : V<T>{});
+      vstore(ds + c, g);
+      if (dSb) store_bf16(dSb + r * ld + c, g);
     }
+    if (acc) acc->add(ds, i, j0, valid, tsk, tsi, runs);
   }
   if (dSb)
     for (int64_t r = nq; r < Mq; ++r) std::fill(dSb + r * ld, dSb + r * ld + Kk, bf(0));
@@ -198,6 +264,7 @@ struct KeyTile {
 
 at::Tensor forward_impl(const Args& a, double alpha_in) {
   const Pass<scalar_t> p(a, alpha_in);
+  const RowBias rb(p, a);
   const Sizes z(a);
   const Gemm gemm{::grlib::isa::units() == ::grlib::isa::AMX};
   auto out = at::empty({a.T, a.H, a.Dv}, a.q.options());
@@ -208,9 +275,8 @@ at::Tensor forward_impl(const Args& a, double alpha_in) {
   const int64_t workers = p.workers(tasks.size()), Lp = round_up(longest_sequence(p.o, a.B), BLK);
   const int64_t per = Carve::floats({BLK * BLK, BLK * z.Dvk, z.X},
                                     {Lp * z.Dk, Lp * z.Dk, Lp * z.Dvk, Lp * z.Dvk, BLK * z.Dk, BLK * Lp});
-  auto bufs = scratch<float>(workers, per);
-  run_tasks(tasks, workers, [&](int64_t w, const Task& t) {
-    Carve cv{bufs[w].data()};
+  run_tasks(tasks, workers, [&](int64_t, const Task& t) {
+    Carve cv{thread_scratch<float>(per)};
     T *S = cv.f32(BLK * BLK), *O = cv.f32(BLK * z.Dvk), *tmp = cv.f32(z.X);
     // KT [Lp / BLK, Dk / 2, BLK, 2]: each key tile's features in pairs; W [Lp / BLK, BLK, BLK]: a query
     // tile's weights of every key, by key tile (blocks of 64 columns: Gemm::blocked)
@@ -232,7 +298,7 @@ at::Tensor forward_impl(const Args& a, double alpha_in) {
       for (int64_t j0 = 0; j0 < i0 + nq; j0 += BLK) {
         const int64_t nk = std::min(BLK, i0 + nq - j0), Nk = round_up(nk, 16), Kk = round_up(nk, 32);
         gemm(Mq, Nk, z.Dk, Qb, z.Dk, KT + j0 * z.Dk, 2 * BLK, S, BLK, false);  // S [query, key] = q . k
-        weights(S, W + j0 * BLK, BLK, i0, j0, nq, nk, Mq, Kk, p, bias);
+        weights(S, W + j0 * BLK, BLK, i0, j0, nq, nk, Mq, Kk, p, bias, rb, t.h);
       }
       // O = W V over every key at once: one float32 accumulator pass (a product per key tile
       // loaded and stored O's tiles each time)
@@ -283,6 +349,7 @@ void write_dq(const Args& a, const Sizes& z, const Pass<scalar_t>& p, const T* d
 void backward_single(const Args& a, double alpha_in, const at::Tensor& grad, at::Tensor& dq, at::Tensor& dk,
                      at::Tensor& dv, at::Tensor& dpos, at::Tensor& dtime, const Gemm& gemm) {
   const Pass<scalar_t> p(a, alpha_in);
+  const RowBias rb(p, a);
   const Sizes z(a);
   const scalar_t *q = a.q.data_ptr<scalar_t>(), *g = grad.data_ptr<scalar_t>();
   const int64_t rg = grad.stride(0);
@@ -296,10 +363,9 @@ void backward_single(const Args& a, double alpha_in, const at::Tensor& grad, at:
       {Lp * z.Dk, z.Dk * BLK, z.Dvk * BLK, BLK * z.X, z.X, BLK * BLK, BLK * BLK, (a.Bt + 1) * BLK, a.P},
       {Lp * z.Dk, z.Dk * Lp, Lp * z.Dvk, z.Dvk * Lp, Lp * z.Dk, Lp * Lp, Lp * BLK, Lp * BLK, BLK * z.Dk,
        BLK * z.Dvk, BLK * z.Dk, BLK * z.Dvk});
-  auto bufs = scratch<float>(workers, per);
   BiasGrads<T> bias_grads(tasks.size(), a.P, a.Bt);
-  run_tasks(tasks, workers, [&](int64_t w, const Task& t) {
-    Carve cv{bufs[w].data()};
+  run_tasks(tasks, workers, [&](int64_t, const Task& t) {
+    Carve cv{thread_scratch<float>(per)};
     T* dQ = cv.f32(Lp * z.Dk);
     KeyGrads kg{cv.f32(z.Dk * BLK), cv.f32(z.Dvk * BLK), cv.f32(BLK * z.X), cv.f32(z.X)};
     T *S = cv.f32(BLK * BLK), *dW = cv.f32(BLK * BLK);
@@ -328,7 +394,7 @@ void backward_single(const Args& a, double alpha_in, const at::Tensor& grad, at:
         const int64_t nq = std::min(BLK, L - i0), Mq = round_up(nq, 16), Kq = round_up(nq, 32);
         gemm(Mq, Nk, z.Dk, Qb + i0 * z.Dk, z.Dk, kt.KT, 2 * BLK, S, BLK, false);     // S = q . k
         gemm(Mq, Nk, z.Dvk, dOb + i0 * z.Dvk, z.Dvk, kt.VT, 2 * BLK, dW, BLK, false);  // dW = dO V^T
-        tile_backward(S, dW, dS + j0 * Lp + i0 * BLK, BLK, i0, j0, nq, nk, Mq, Nk, Kk, p, bias, &acc);
+        tile_backward(S, dW, dS + j0 * Lp + i0 * BLK, BLK, i0, j0, nq, nk, Mq, Kk, p, bias, rb, t.h, &acc);
         bf16::pair_rows_f32(S, BLK, nq, Kq, Nk, Wp + (i0 - j0) * Nk);
         bf16::pair_rows_f32(dW, BLK, nq, Kq, Nk, dSp + (i0 - j0) * Nk);
       }
@@ -354,6 +420,7 @@ void backward_single(const Args& a, double alpha_in, const at::Tensor& grad, at:
 void backward_dq(const Args& a, double alpha_in, const at::Tensor& grad, at::Tensor& dq, at::Tensor& dpos,
                  at::Tensor& dtime, const Gemm& gemm) {
   const Pass<scalar_t> p(a, alpha_in);
+  const RowBias rb(p, a);
   const Sizes z(a);
   const scalar_t *q = a.q.data_ptr<scalar_t>(), *g = grad.data_ptr<scalar_t>();
   const int64_t rg = grad.stride(0);
@@ -362,10 +429,9 @@ void backward_dq(const Args& a, double alpha_in, const at::Tensor& grad, at::Ten
   const int64_t per = Carve::floats({BLK * z.Dk, z.X, BLK * BLK, BLK * BLK, (a.Bt + 1) * BLK, a.P},
                                     {BLK * z.Dk, BLK * z.Dvk, BLK * z.Dk, BLK * z.Dvk, BLK * z.Dk, BLK * z.Dk,
                                      BLK * z.Dvk, BLK * BLK});
-  auto bufs = scratch<float>(workers, per);
   BiasGrads<T> bias_grads(tasks.size(), a.P, a.Bt);
-  run_tasks(tasks, workers, [&](int64_t w, const Task& t) {
-    Carve cv{bufs[w].data()};
+  run_tasks(tasks, workers, [&](int64_t, const Task& t) {
+    Carve cv{thread_scratch<float>(per)};
     T *dQ = cv.f32(BLK * z.Dk), *tmp = cv.f32(z.X), *S = cv.f32(BLK * BLK), *dW = cv.f32(BLK * BLK);
     const int64_t task = &t - tasks.data();
     BiasAcc acc{a, {cv.f32((a.Bt + 1) * BLK), a.Bt + 1}, cv.f32(a.P), bias_grads.pos(task), bias_grads.time(task)};
@@ -385,7 +451,7 @@ void backward_dq(const Args& a, double alpha_in, const at::Tensor& grad, at::Ten
       kt.pack(a, z, base + j0, t.h, nk, tmp);
       gemm(Mq, Nk, z.Dk, Qb, z.Dk, kt.KT, 2 * BLK, S, BLK, false);
       gemm(Mq, Nk, z.Dvk, dOb, z.Dvk, kt.VT, 2 * BLK, dW, BLK, false);
-      tile_backward(S, dW, dSb, BLK, i0, j0, nq, nk, Mq, Nk, Kk, p, bias, &acc);
+      tile_backward(S, dW, dSb, BLK, i0, j0, nq, nk, Mq, Kk, p, bias, rb, t.h, &acc);
       gemm(Mq, z.Dk, Kk, dSb, BLK, kt.KP, 2 * z.Dk, dQ, z.Dk, true);  // dQ += dS K_j
     }
     write_dq(a, z, p, dQ, base + i0, t.h, nq, dq, tmp);
@@ -399,6 +465,7 @@ void backward_dq(const Args& a, double alpha_in, const at::Tensor& grad, at::Ten
 void backward_dkv(const Args& a, double alpha_in, const at::Tensor& grad, at::Tensor& dk, at::Tensor& dv,
                   const Gemm& gemm) {
   const Pass<scalar_t> p(a, alpha_in);
+  const RowBias rb(p, a);
   const Sizes z(a);
   const scalar_t *q = a.q.data_ptr<scalar_t>(), *g = grad.data_ptr<scalar_t>();
   const int64_t rg = grad.stride(0);
@@ -407,9 +474,8 @@ void backward_dkv(const Args& a, double alpha_in, const at::Tensor& grad, at::Te
   const int64_t per = Carve::floats({z.Dk * BLK, z.Dvk * BLK, BLK * z.X, z.X, BLK * BLK, BLK * BLK},
                                     {BLK * z.Dk, z.Dk * BLK, BLK * z.Dvk, z.Dvk * BLK, BLK * z.Dk, BLK * z.Dvk,
                                      BLK * z.Dk, BLK * z.Dvk, BLK * BLK, BLK * BLK});
-  auto bufs = scratch<float>(workers, per);
-  run_tasks(tasks, workers, [&](int64_t w, const Task& t) {
-    Carve cv{bufs[w].data()};
+  run_tasks(tasks, workers, [&](int64_t, const Task& t) {
+    Carve cv{thread_scratch<float>(per)};
     KeyGrads kg{cv.f32(z.Dk * BLK), cv.f32(z.Dvk * BLK), cv.f32(BLK * z.X), cv.f32(z.X)};
     T *S = cv.f32(BLK * BLK), *dW = cv.f32(BLK * BLK);
     bf *Qb = cv.b16(BLK * z.Dk), *QT = cv.b16(z.Dk * BLK), *dOb = cv.b16(BLK * z.Dvk), *dOT = cv.b16(z.Dvk * BLK);
@@ -429,7 +495,7 @@ void backward_dkv(const Args& a, double alpha_in, const at::Tensor& grad, at::Te
       transpose(dOb, z.Dvk, BLK, z.Dvk, dOT, BLK);
       gemm(Mq, Nk, z.Dk, Qb, z.Dk, kt.KT, 2 * BLK, S, BLK, false);
       gemm(Mq, Nk, z.Dvk, dOb, z.Dvk, kt.VT, 2 * BLK, dW, BLK, false);
-      tile_backward(S, dW, nullptr, 0, i0, j0, nq, nk, Mq, Nk, Kk, p, bias, nullptr);
+      tile_backward(S, dW, nullptr, 0, i0, j0, nq, nk, Mq, Kk, p, bias, rb, t.h, nullptr);
       bf16::pair_rows_f32(S, BLK, nq, Kq, Nk, Wp);
       bf16::pair_rows_f32(dW, BLK, nq, Kq, Nk, dSp);
       gemm(z.Dvk, Nk, Kq, dOT, BLK, Wp, 2 * Nk, kg.dVT, BLK, true);  // dV^T += dO^T W

@@ -97,5 +97,21 @@ std::vector<std::vector<T>> scratch(int64_t workers, int64_t n) {
   return std::vector<std::vector<T>>(workers, std::vector<T>(n));
 }
 
+// The calling thread's scratch of at least `n` elements, kept between calls and grown when a call needs
+// more (never shrunk: a worker holds the largest it has needed). Not cleared: its users write every
+// element they read. A fresh zeroed buffer per call (scratch above) cost the bf16 one-pass backward,
+// whose dS of a sequence is [Lp, Lp] (32 MiB per worker at 4,096 tokens), its page faults and memset
+// on every call.
+template <typename T>
+T* thread_scratch(int64_t n) {
+  thread_local std::vector<T> buf;
+  if (static_cast<int64_t>(buf.size()) < n) {
+    buf.clear();
+    buf.shrink_to_fit();
+    buf.resize(n);
+  }
+  return buf.data();
+}
+
 }  // namespace GRLIB_ISA_NS::hstu
 #endif
