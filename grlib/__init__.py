@@ -1,15 +1,17 @@
 """grlib: jagged HSTU kernels, training and negatives (see README.md and docs/ARCHITECTURE.md).
 
 The OpenMP wait policy is set here, before torch (and with it libgomp) loads, torch's thread
-count when it loads (grlib.threads), and GRLIB_ISA's limit on the GEMM libraries (grlib.gemm_limits). Importing grlib does not import torch; importing the compiled
+count when it loads (grlib.threads), malloc's keeping of freed memory (grlib.memory), and GRLIB_ISA's
+limit on the GEMM libraries (grlib.gemm_limits). Importing grlib does not import torch; importing the compiled
 extension grlib._C does, first (it links torch's libraries, which torch's import loads).
 """
 import importlib.abc
 import sys
 
-from grlib import gemm_limits, threads
+from grlib import gemm_limits, memory, threads
 
 threads.configure_environment()
+memory.configure()  # freed blocks kept for reuse, not unmapped (grlib.memory)
 threads.when_torch_loads()
 gemm_limits.apply()  # GRLIB_ISA's limit on oneDNN's and MKL's code, before their first GEMM
 

@@ -223,5 +223,8 @@ def inherited_policy() -> str:
 
 def describe() -> str:
     """One line for a benchmark's title: policy, where it came from, threads."""
+    from grlib import memory
+
     p = policy()
-    return f"OpenMP wait policy {p['wait_policy']} ({_configured['source']}), {p['threads']} threads"
+    return (f"OpenMP wait policy {p['wait_policy']} ({_configured['source']}), {p['threads']} threads, "
+            f"malloc {memory.policy()}")
