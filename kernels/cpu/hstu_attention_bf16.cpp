@@ -179,66 +179,130 @@ inline void store_bf16(bf* dst, const V<T>& v) {
   _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst), (__m256i)_mm512_cvtneps_pbh((__m512)v));
 }
 
+// One score-tile row's bias and its causal keys: what the weights of its entries need (the forward
+// and both backwards share it). pre(c) = alpha s + pos + time for the 16 entries at column c; in(c)
+// marks the keys c < valid (at or before the query).
+struct Row {
+  const Pass<scalar_t>& p;
+  const T* s;   // the score row (float32)
+  const T* pr;  // RowBias::pos_row (nullptr: every entry far)
+  T far;
+  const T* tb;  // the time terms (nullptr: no time bias)
+  int64_t valid;
+  TimeRuns runs;
+  Row(const Pass<scalar_t>& p_, const Bias<T>& bias, const RowBias& rb, int64_t h, const T* s_, int64_t i,
+      int64_t j0, int64_t nk, T* tb_buf)
+      : p(p_), s(s_), pr(rb.pos_row(h, i - j0)), far(bias.pos[bias.P - 1]), tb(nullptr),
+        valid(std::min(nk, i - j0 + 1)) {
+    if (bias.ts) {
+      time_row(bias, bias.ts + j0, bias.ts[i], valid, tb_buf, runs);
+      tb = tb_buf;
+    }
+  }
+  V<T> pre(int64_t c) const {
+    V<T> v = p.alpha * vload(s + c) + (pr ? vload(pr + c) : V<T>{} + far);
+    return tb ? v + vload(tb + c) : v;
+  }
+  auto in(int64_t c) const {
+    static_assert(LANES<T> == 16, "the avx512 path: 16 float lanes");
+    const IVec<T>::type lane = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
+    return (lane + static_cast<int32_t>(c)) < static_cast<int32_t>(valid);
+  }
+};
+
 // The weights of a score tile S [query r, key c] (float32, row stride BLK), rounded to bf16 into W [Mq,
 // ldw]: SiLU(alpha s + bias) / n for c < valid(r), zero past it through Kk columns and in rows nq .. Mq.
 void weights(const T* S, bf* W, int64_t ldw, int64_t i0, int64_t j0, int64_t nq, int64_t nk, int64_t Mq, int64_t Kk,
              const Pass<scalar_t>& p, const Bias<T>& bias, const RowBias& rb, int64_t h) {
-  const int64_t* tsk = bias.ts ? bias.ts + j0 : nullptr;
-  const T far = bias.pos[bias.P - 1];
   alignas(64) T tb[BLK] = {};
-  using I = IVec<T>::type;
-  I lane;
-  for (int64_t l = 0; l < LANES<T>; ++l) lane[l] = static_cast<int32_t>(l);
   for (int64_t r = 0; r < nq; ++r) {
-    const int64_t i = i0 + r, valid = std::min(nk, i - j0 + 1);
-    TimeRuns runs;
-    if (tsk) time_row(bias, tsk, bias.ts[i], valid, tb, runs);
-    const T* pr = rb.pos_row(h, i - j0);
-    const T* s = S + r * BLK;
+    const Row row(p, bias, rb, h, S + r * BLK, i0 + r, j0, nk, tb);
     bf* w = W + r * ldw;
     for (int64_t c = 0; c < Kk; c += LANES<T>) {
-      V<T> v = p.alpha * vload(s + c) + (pr ? vload(pr + c) : V<T>{} + far);
-      if (tsk) v += vload(tb + c);
-      v = v * sigmoid_v(v) * p.inv_n;
-      store_bf16(w + c, (lane + static_cast<int32_t>(c)) < static_cast<int32_t>(valid) ? v : V<T>{});
+      const V<T> v = row.pre(c);
+      store_bf16(w + c, row.in(c) ? v * sigmoid_v(v) * p.inv_n : V<T>{});
     }
   }
   for (int64_t r = nq; r < Mq; ++r) std::fill(W + r * ldw, W + r * ldw + Kk, bf(0));
 }
 
-// The backward of a score tile: S [query, key] <- weights, dW <- dL/dscores (float32, in place, zero
-// for valid(r) <= c < Kk), their bias gradients into acc (when given); dS rounded to bf16 into dSb
-// [Mq, ld] (zero past valid through Kk, rows nq .. Mq zero). One pass per row (RowBias).
-void tile_backward(T* S, T* dW, bf* dSb, int64_t ld, int64_t i0, int64_t j0, int64_t nq, int64_t nk, int64_t Mq,
-                   int64_t Kk, const Pass<scalar_t>& p, const Bias<T>& bias, const RowBias& rb, int64_t h,
-                   BiasAcc* acc) {
-  const int64_t* tsk = bias.ts ? bias.ts + j0 : nullptr;
-  const T far = bias.pos[bias.P - 1];
-  alignas(64) T tb[BLK] = {};
-  using I = IVec<T>::type;
-  I lane;
-  for (int64_t l = 0; l < LANES<T>; ++l) lane[l] = static_cast<int32_t>(l);
-  for (int64_t r = 0; r < nq; ++r) {
-    const int64_t i = i0 + r, valid = std::min(nk, i - j0 + 1), tsi = bias.ts ? bias.ts[i] : 0;
-    TimeRuns runs;
-    if (tsk) time_row(bias, tsk, tsi, valid, tb, runs);
-    const T* pr = rb.pos_row(h, i - j0);
-    T* __restrict s = S + r * BLK;
-    T* __restrict ds = dW + r * BLK;
-    for (int64_t c = 0; c < Kk; c += LANES<T>) {
-      V<T> v = p.alpha * vload(s + c) + (pr ? vload(pr + c) : V<T>{} + far);
-      if (tsk) v += vload(tb + c);
-      const V<T> sg = sigmoid_v(v);
-      const auto in = (lane + static_cast<int32_t>(c)) < static_cast<int32_t>(valid);
-      const V<T> g = in ? vload(ds + c) * sg * (T(1) + v * (T(1) - sg)) * p.inv_n : V<T>{};
-      vstore(s + c, in ? v * sg * p.inv_n : V<T>{});
-      vstore(ds + c, g);
-      if (dSb) store_bf16(dSb + r * ld + c, g);
+// 16 columns of two rows as VNNI pairs: dst[2 x + t] = bf16(row t's entry x) (round to nearest even)
+inline void store_pair(bf* dst, const V<T>& r0, const V<T>& r1, const __m512i& mix) {
+  const __m512i both = (__m512i)_mm512_cvtne2ps_pbh((__m512)r1, (__m512)r0);  // r0 low, r1 high
+  _mm512_storeu_si512(dst, _mm512_permutexvar_epi16(mix, both));
+}
+
+// Where tile_backward writes (a null pointer: not wanted).
+struct TileOut {
+  bf* dSb = nullptr;  // dS rows [Mq, ld] bf16 (A of dQ += dS K), zero past valid through Kk, rows nq .. Mq zero
+  int64_t ld = 0;
+  bf* Wp = nullptr;   // the weights in pairs of query rows [Kq / 2, Nk, 2] (B of dV^T += dO^T W), rows past nq zero
+  bf* dSp = nullptr;  // dS in pairs of query rows, the same layout (B of dK^T += Q^T dS)
+  int64_t Nk = 0;
+  BiasAcc* acc = nullptr;  // the bias gradients' partials (they read dS's float32 rows from dW)
+};
+
+// The backward of a score tile S [query, key] (the scores, float32) with dW (dL/dweights, float32):
+// per row, the weights and dL/dscores dS = dW SiLU'(pre) / n (zero for c >= valid(r)), written as
+// `out` asks. Two rows at a time, in one vector pass (Row): the pairs come straight from the vectors.
+// dS's float32 rows are written back into dW only for the bias partials.
+void tile_backward(const T* S, T* dW, int64_t i0, int64_t j0, int64_t nq, int64_t nk, int64_t Mq, int64_t Kk,
+                   const Pass<scalar_t>& p, const Bias<T>& bias, const RowBias& rb, int64_t h, const TileOut& out) {
+  alignas(64) static const uint16_t mixing[32] = {0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23,
+                                                  8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31};
+  const __m512i mix = _mm512_load_si512(mixing);
+  const bool pairs = out.Wp != nullptr;
+  const int64_t rows = pairs ? round_up(nq, 32) : round_up(nq, 2);  // pairs: zero rows through Kq
+  alignas(64) T tb[2][BLK] = {};
+  for (int64_t r = 0; r < rows; r += 2) {
+    if (r >= nq) {  // past the tile's queries: zero pairs
+      if (pairs) {
+        std::fill(out.Wp + r * out.Nk, out.Wp + (r + 2) * out.Nk, bf(0));
+        std::fill(out.dSp + r * out.Nk, out.dSp + (r + 2) * out.Nk, bf(0));
+      }
+      continue;
     }
-    if (acc) acc->add(ds, i, j0, valid, tsk, tsi, runs);
+    const bool two = r + 1 < nq;
+    const Row a(p, bias, rb, h, S + r * BLK, i0 + r, j0, nk, tb[0]);
+    const Row b(p, bias, rb, h, S + (r + 1) * BLK, two ? i0 + r + 1 : i0 + r, j0, nk, tb[1]);
+    T* __restrict da = dW + r * BLK;
+    T* __restrict db = dW + (r + 1) * BLK;
+    for (int64_t c = 0; c < Kk; c += LANES<T>) {
+      V<T> w[2], g[2];
+      const Row* row[2] = {&a, &b};
+      const T* d[2] = {da, db};
+      for (int t = 0; t < 2; ++t) {
+        if (t == 1 && !two) {
+          w[1] = g[1] = V<T>{};
+          break;
+        }
+        const V<T> v = row[t]->pre(c), sg = sigmoid_v(v);
+        const auto in = row[t]->in(c);
+        w[t] = in ? v * sg * p.inv_n : V<T>{};
+        g[t] = in ? vload(d[t] + c) * sg * (T(1) + v * (T(1) - sg)) * p.inv_n : V<T>{};
+      }
+      if (out.acc) {
+        vstore(da + c, g[0]);
+        if (two) vstore(db + c, g[1]);
+      }
+      if (out.dSb) {
+        store_bf16(out.dSb + r * out.ld + c, g[0]);
+        if (two) store_bf16(out.dSb + (r + 1) * out.ld + c, g[1]);
+      }
+      if (pairs && c < out.Nk) {
+        store_pair(out.Wp + r * out.Nk + 2 * c, w[0], w[1], mix);
+        store_pair(out.dSp + r * out.Nk + 2 * c, g[0], g[1], mix);
+      }
+    }
+    if (out.acc) {
+      out.acc->add(da, i0 + r, j0, a.valid, bias.ts ? bias.ts + j0 : nullptr, bias.ts ? bias.ts[i0 + r] : 0, a.runs);
+      if (two)
+        out.acc->add(db, i0 + r + 1, j0, b.valid, bias.ts ? bias.ts + j0 : nullptr, bias.ts ? bias.ts[i0 + r + 1] : 0,
+                     b.runs);
+    }
   }
-  if (dSb)
-    for (int64_t r = nq; r < Mq; ++r) std::fill(dSb + r * ld, dSb + r * ld + Kk, bf(0));
+  if (out.dSb)
+    for (int64_t r = nq; r < Mq; ++r) std::fill(out.dSb + r * out.ld, out.dSb + r * out.ld + Kk, bf(0));
 }
 
 struct Sizes {
@@ -391,12 +455,11 @@ void backward_single(const Args& a, double alpha_in, const at::Tensor& grad, at:
       kt.KP = KP + j0 * z.Dk;  // key rows j0 .. j0 + BLK in pairs
       kt.pack(a, z, base + j0, t.h, nk, kg.tmp);
       for (int64_t i0 = j0; i0 < L; i0 += BLK) {
-        const int64_t nq = std::min(BLK, L - i0), Mq = round_up(nq, 16), Kq = round_up(nq, 32);
+        const int64_t nq = std::min(BLK, L - i0), Mq = round_up(nq, 16);
         gemm(Mq, Nk, z.Dk, Qb + i0 * z.Dk, z.Dk, kt.KT, 2 * BLK, S, BLK, false);     // S = q . k
         gemm(Mq, Nk, z.Dvk, dOb + i0 * z.Dvk, z.Dvk, kt.VT, 2 * BLK, dW, BLK, false);  // dW = dO V^T
-        tile_backward(S, dW, dS + j0 * Lp + i0 * BLK, BLK, i0, j0, nq, nk, Mq, Kk, p, bias, rb, t.h, &acc);
-        bf16::pair_rows_f32(S, BLK, nq, Kq, Nk, Wp + (i0 - j0) * Nk);
-        bf16::pair_rows_f32(dW, BLK, nq, Kq, Nk, dSp + (i0 - j0) * Nk);
+        TileOut o{dS + j0 * Lp + i0 * BLK, BLK, Wp + (i0 - j0) * Nk, dSp + (i0 - j0) * Nk, Nk, &acc};
+        tile_backward(S, dW, i0, j0, nq, nk, Mq, Kk, p, bias, rb, t.h, o);
       }
       // over every query at or after the key tile at once (K = the queries): dV_j^T = dO^T W, dK_j^T = Q^T dS
       const int64_t Kt = round_up(L - j0, 32);
@@ -451,7 +514,9 @@ void backward_dq(const Args& a, double alpha_in, const at::Tensor& grad, at::Ten
       kt.pack(a, z, base + j0, t.h, nk, tmp);
       gemm(Mq, Nk, z.Dk, Qb, z.Dk, kt.KT, 2 * BLK, S, BLK, false);
       gemm(Mq, Nk, z.Dvk, dOb, z.Dvk, kt.VT, 2 * BLK, dW, BLK, false);
-      tile_backward(S, dW, dSb, BLK, i0, j0, nq, nk, Mq, Kk, p, bias, rb, t.h, &acc);
+      TileOut o;
+      o.dSb = dSb, o.ld = BLK, o.acc = &acc;
+      tile_backward(S, dW, i0, j0, nq, nk, Mq, Kk, p, bias, rb, t.h, o);
       gemm(Mq, z.Dk, Kk, dSb, BLK, kt.KP, 2 * z.Dk, dQ, z.Dk, true);  // dQ += dS K_j
     }
     write_dq(a, z, p, dQ, base + i0, t.h, nq, dq, tmp);
@@ -495,9 +560,9 @@ void backward_dkv(const Args& a, double alpha_in, const at::Tensor& grad, at::Te
       transpose(dOb, z.Dvk, BLK, z.Dvk, dOT, BLK);
       gemm(Mq, Nk, z.Dk, Qb, z.Dk, kt.KT, 2 * BLK, S, BLK, false);
       gemm(Mq, Nk, z.Dvk, dOb, z.Dvk, kt.VT, 2 * BLK, dW, BLK, false);
-      tile_backward(S, dW, nullptr, 0, i0, j0, nq, nk, Mq, Kk, p, bias, rb, t.h, nullptr);
-      bf16::pair_rows_f32(S, BLK, nq, Kq, Nk, Wp);
-      bf16::pair_rows_f32(dW, BLK, nq, Kq, Nk, dSp);
+      TileOut o;
+      o.Wp = Wp, o.dSp = dSp, o.Nk = Nk;
+      tile_backward(S, dW, i0, j0, nq, nk, Mq, Kk, p, bias, rb, t.h, o);
       gemm(z.Dvk, Nk, Kq, dOT, BLK, Wp, 2 * Nk, kg.dVT, BLK, true);  // dV^T += dO^T W
       gemm(z.Dk, Nk, Kq, QT, BLK, dSp, 2 * Nk, kg.dKT, BLK, true);   // dK^T += Q^T dS
     }

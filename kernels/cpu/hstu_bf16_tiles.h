@@ -14,7 +14,8 @@
 //
 //   B = K^T  (scores q . k):   pairs of a key row's features = 32-bit words: transpose32 of K's rows
 //   B = V    (weights . V):    rows 2p and 2p + 1 of V interleaved entry by entry: pair_rows
-//   B = W    (dO^T . W):       rows of a float32 tile rounded to bf16 and interleaved: pair_rows_f32
+//   B = W    (dO^T . W):       two rows of weights rounded to bf16 and interleaved as the backward's
+//                              vector pass makes them (hstu_attention_bf16.cpp: tile_backward)
 //
 // AMX: 8 tile registers of 16 rows x 64 bytes: C in tiles 0-3 (a 32 x 32 block), A in 4-5 (16 rows x 32
 // bf16), B in 6-7 (16 pairs x 16 columns); each tdpbf16ps adds a 16 x 16 x 32 product. The tile
@@ -233,26 +234,6 @@ inline void pair_rows(const bf* src, int64_t lds, int64_t R, int64_t E, bf* dst)
       const __m512i x = _mm512_loadu_si512(a + e), y = _mm512_loadu_si512(b + e);
       _mm512_storeu_si512(d + 2 * e, _mm512_permutex2var_epi16(x, ilo, y));
       _mm512_storeu_si512(d + 2 * e + 32, _mm512_permutex2var_epi16(x, ihi, y));
-    }
-  }
-}
-
-// VNNI pairs of a float32 tile's rows rounded to bf16: dst[p, c, t] = bf16(src[2p + t, c]) for rows
-// 2p + t < n (zero for n <= 2p + t < R, R a multiple of 32), c < N (a multiple of 16); dst row stride 2 N.
-inline void pair_rows_f32(const float* src, int64_t lds, int64_t n, int64_t R, int64_t N, bf* dst) {
-  alignas(64) static const uint16_t mix[32] = {0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23,
-                                               8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31};
-  const __m512i idx = _mm512_load_si512(mix);
-  const __m512 zero = _mm512_setzero_ps();
-  for (int64_t p = 0; p < R / 2; ++p) {
-    const int64_t r = 2 * p;
-    bf* d = dst + p * 2 * N;
-    for (int64_t c = 0; c < N; c += 16) {
-      const __m512 x = r < n ? _mm512_loadu_ps(src + r * lds + c) : zero;
-      const __m512 y = r + 1 < n ? _mm512_loadu_ps(src + (r + 1) * lds + c) : zero;
-      // cvtne2ps: the 16 lower bf16 from the second operand, the upper from the first
-      const __m512i both = (__m512i)_mm512_cvtne2ps_pbh(y, x);
-      _mm512_storeu_si512(d + 2 * c, _mm512_permutexvar_epi16(idx, both));
     }
   }
 }
