@@ -67,6 +67,11 @@ def test_bench_train_fits_120_columns_without_library_noise(isolated_outputs, ca
     assert header.split() == ["impl", "isa", "compiled", "recompute", "auto", "step_ms", "speedup", "mfu",
                               "mfu_nominal", "mfu_with_loss", "peak_rss_mb"]
     assert len(rows[0]) > 40 and "more (--wide prints every column" in got.out  # the rest: in the rows
+    lines = got.out.splitlines()  # the profile's split: every op in one of three parts, the shares summing to 1
+    split = lines[next(i for i, line in enumerate(lines) if line.split() == ["part", "self_ms_per_step", "share"]):]
+    shares = {line.split()[0]: float(line.split()[2]) for line in split[2:5]}
+    assert set(shares) == {"gemm", "attention", "other"} and abs(sum(shares.values()) - 1) < 1e-3, shares
+    assert shares["attention"] > 0 and shares["gemm"] > 0
 
 
 @pytest.mark.parametrize("flag", ["--wide", "-v"])

@@ -46,5 +46,6 @@ def run(args: argparse.Namespace) -> list[dict]:
     print_table(measured.rows, measured.title, COLUMNS)
     if args.top > 0:
         print_table(measured.top, measured.top_title)
+        print_table(measured.split, measured.split_title)
     results.append_rows("bench_train", measured.rows, cfg)
     return measured.rows

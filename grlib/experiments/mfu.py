@@ -70,6 +70,8 @@ class Measured:
     title: str
     top: list[dict]
     top_title: str
+    split: list[dict]
+    split_title: str
 
 
 def parse_impl(token: str, recompute: bool) -> tuple[str, bool]:
@@ -183,7 +185,10 @@ def measure(cfg: Config, opt: Options) -> Measured:
                 f"The paper's 54.71% MFU compares with mfu_nominal (a nominal peak, NVIDIA's convention).\n"
                 f"impl: model.attention_impl (auto: the default's row); speedup: the step time of the reference row "
                 f"of the same path over this row's")
-    top = (steps.top_ops(cfg.replace({"model.attention_impl": auto}), data, batches, opt.top, opt.profile_steps)
-           if opt.top > 0 else [])
+    top, split = (steps.top_ops(cfg.replace({"model.attention_impl": auto}), data, batches, opt.top,
+                                opt.profile_steps) if opt.top > 0 else ([], []))
     return Measured(rows, title, top, f"top {opt.top} ops by self CPU time, attention {auto} (torch.profiler, "
-                                      f"per step; wall-clock based: a busy machine inflates every op alike)")
+                                      f"per step; wall-clock based: a busy machine inflates every op alike)",
+                    split, "the profiled step's self CPU time by part: gemm = "
+                           f"{', '.join(sorted(steps.GEMM_OPS))}; attention = the ops named "
+                           f"{' or '.join(steps.ATTENTION_OPS)}, forward and backward; other = every other op")

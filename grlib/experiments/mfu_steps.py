@@ -120,8 +120,34 @@ def gemm_bound(T: int, flops: float, loss_flops: float, cfg, gemm_share: float, 
     return seconds * 1e3, perf.mfu(flops, seconds, peak)
 
 
-def top_ops(cfg, data, batches, n: int, steps: int = 3) -> list[dict]:
-    """The n ops with the most self CPU time over `steps` profiled training steps (torch.profiler)."""
+# The parts of a step the profile's split names (op_kind): the GEMMs (projections and the loss's
+# logits, through oneDNN or BLAS), the fused attention (forward and backward), and the rest.
+GEMM_OPS = frozenset({"mkldnn::_linear_pointwise", "aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm"})
+ATTENTION_OPS = ("hstu_attention", "hstu_uvqk_attention")
+_FUNCTION = "GeneratedBackwardFor_"  # torch.library.register_autograd's autograd.Function, by op
+
+
+def op_label(key: str) -> str:
+    """The profile's name of an op, except a custom op's autograd.Function forward: that wrapper
+    redispatches to the CPU kernel without an event of its own, so its self time is the op's forward
+    kernel (measured: grlib::hstu_uvqk_attention 0.1 ms self, its GeneratedBackwardFor_ node 207 ms
+    for one forward), and it is named for that."""
+    if key.startswith(_FUNCTION) and not key.endswith("Backward"):
+        op = key[len(_FUNCTION):].removesuffix("_default").replace("_", "::", 1)
+        return f"{op} forward (its autograd.Function)"
+    return key
+
+
+def op_kind(key: str) -> str:
+    """gemm, attention or other (the split of bench train's profile)."""
+    if key in GEMM_OPS:
+        return "gemm"
+    return "attention" if any(name in key for name in ATTENTION_OPS) else "other"
+
+
+def top_ops(cfg, data, batches, n: int, steps: int = 3) -> tuple[list[dict], list[dict]]:
+    """(the n ops with the most self CPU time over `steps` profiled training steps, the split of every
+    op's self time into gemm / attention / other) from torch.profiler."""
     from torch.profiler import ProfilerActivity, profile
 
     step = build_schedule(cfg, data).step
@@ -132,5 +158,9 @@ def top_ops(cfg, data, batches, n: int, steps: int = 3) -> list[dict]:
             step(it)
     events = sorted(prof.key_averages(), key=lambda e: e.self_cpu_time_total, reverse=True)
     total = sum(e.self_cpu_time_total for e in events)
-    return [{"op": e.key[:60], "self_ms_per_step": e.self_cpu_time_total / 1e3 / steps,
-             "share": e.self_cpu_time_total / total, "calls_per_step": e.count / steps} for e in events[:n]]
+    top = [{"op": op_label(e.key)[:60], "kind": op_kind(e.key), "self_ms_per_step": e.self_cpu_time_total / 1e3 / steps,
+            "share": e.self_cpu_time_total / total, "calls_per_step": e.count / steps} for e in events[:n]]
+    parts = {kind: sum(e.self_cpu_time_total for e in events if op_kind(e.key) == kind)
+             for kind in ("gemm", "attention", "other")}
+    split = [{"part": kind, "self_ms_per_step": us / 1e3 / steps, "share": us / total} for kind, us in parts.items()]
+    return top, split
