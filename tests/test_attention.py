@@ -33,8 +33,9 @@ def _tol(dtype: torch.dtype, exact: torch.Tensor, table: bool = False) -> dict:
 
 @st.composite
 def batches(draw, max_batch: int = 5, max_length: int = 80, max_heads: int = 4, max_dim: int = 19,
-            dtypes=(torch.float32, torch.bfloat16)):
-    """A ragged batch with empty, length-1 and full (== max_len) sequences likely; random dims."""
+            dtypes=(torch.float32, torch.bfloat16), max_buckets: int = 10):
+    """A ragged batch with empty, length-1 and full (== max_len) sequences likely; random dims; time
+    tables of 1 .. max_buckets buckets."""
     lengths = draw(st.lists(st.one_of(st.sampled_from([0, 1]), st.integers(0, max_length)),
                             min_size=0, max_size=max_batch))
     longest = max(lengths, default=0)
@@ -45,7 +46,7 @@ def batches(draw, max_batch: int = 5, max_length: int = 80, max_heads: int = 4, 
     Dv = draw(st.sampled_from([D, draw(st.integers(1, max_dim))]))
     dtype = draw(st.sampled_from(dtypes))
     with_pos, with_time = draw(st.booleans()), draw(st.booleans())
-    P, Bt = draw(st.integers(1, 12)), draw(st.integers(1, 10))
+    P, Bt = draw(st.integers(1, 12)), draw(st.integers(1, max_buckets))
     span = draw(st.sampled_from([0, 3, 1000, 2**40]))  # 0: all timestamps equal
     # sorted within each sequence (as logs are): the cpu kernel adds the time bias run by run
     # (constant-bucket runs found by bisection); else entry by entry

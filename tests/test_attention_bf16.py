@@ -80,12 +80,58 @@ def test_bf16_units_match_reference(path, case):
 
 
 @pytest.mark.parametrize("path", UNITS)
+@settings(max_examples=40)
+@given(case=batches(max_length=150, max_dim=24, dtypes=(torch.bfloat16,), max_buckets=48))
+def test_bf16_time_terms_of_every_kind(path, case):
+    """The time term's three forms in the vector pass (hstu_attention_bf16.cpp, Row): one bucket over a
+    row (a constant), a bucket per lane from a two-vector table (up to 32 buckets, the upper vector
+    from bucket 16: spans up to 2^40), and time_row's runs (over 32 buckets, and where the gradients
+    need runs); sorted and unsorted timestamps."""
+    _units_or_skip(path)
+    _compare(case, path)
+
+
+@pytest.mark.parametrize("path", UNITS)
+@pytest.mark.parametrize("buckets", [17, 32, 33, 48])
+@pytest.mark.parametrize("order", ["sorted", "shuffled"])
+def test_bf16_time_buckets_across_the_table(path, buckets, order):
+    """Timestamps growing geometrically (ts = 2^(40 x / L)), so a row meets every bucket from 0 (its own
+    key) to the last: the lane-by-lane lookup's both table vectors (buckets 16-31), the runs past 32
+    buckets, and (shuffled) unsorted timestamps; both backward forms."""
+    _units_or_skip(path)
+    import grlib.ops.cpu.attention  # noqa: F401
+
+    g = torch.Generator().manual_seed(buckets)
+    lengths = [150, 0, 1, 97]
+    ts = torch.cat([torch.floor(2.0 ** (40 * torch.arange(n, dtype=torch.float64) / max(n, 1))).long()
+                    for n in lengths])
+    if order == "shuffled":
+        ts = ts[torch.randperm(len(ts), generator=g)]
+    T, H, D = sum(lengths), 2, 24
+    case = dict(q=torch.randn(T, H, D, generator=g).bfloat16(), k=torch.randn(T, H, D, generator=g).bfloat16(),
+                v=torch.randn(T, H, D, generator=g).bfloat16(),
+                offsets=ops.offsets_from_lengths(torch.tensor(lengths)), max_len=150, alpha=None,
+                pos_bias=torch.randn(H, 9, generator=g).bfloat16(),
+                time_bias=torch.randn(H, buckets, generator=g).bfloat16(), timestamps=ts)
+    _compare(case, path)  # the forward and the autograd backward (one pass here)
+    exact = _run(case, "reference", torch.float64)  # its output gradient: randn of seed 1, as below
+    grad = torch.randn(exact[0].shape, generator=torch.Generator().manual_seed(1)).bfloat16()
+    with isa.use(path):  # the two-pass backward: its key pass takes the time term by lanes
+        got = torch.ops.grlib.hstu_attention_backward(grad, case["q"], case["k"], case["v"], case["offsets"], 150,
+                                                      D ** -0.5, case["pos_bias"], case["time_bias"], ts, 2)
+    for name, a, b in zip(["dq", "dk", "dv", "dpos_bias", "dtime_bias"], got, exact[1:]):
+        torch.testing.assert_close(a.double(), b, **_tol(b, table=name.endswith("bias")),
+                                   msg=lambda m: f"{path} mode 2 {name}: {m}")
+
+
+@pytest.mark.parametrize("path", UNITS)
 @settings(max_examples=30)
-@given(case=batches(max_length=140, max_dim=40, dtypes=(torch.bfloat16,)), mode=st.sampled_from([1, 2]),
-       pad=st.sampled_from([0, 5]))
+@given(case=batches(max_length=140, max_dim=40, dtypes=(torch.bfloat16,), max_buckets=48),
+       mode=st.sampled_from([1, 2]), pad=st.sampled_from([0, 5]))
 def test_bf16_backward_forms_on_strided_inputs(path, case, mode, pad):
-    """Both backward forms (1: one pass per (sequence, head); 2: by query tile, then by key tile) with
-    q, k, v and dO as strided views (NaN in the gaps: a value read from outside the view would show)."""
+    """Both backward forms (1: one pass per (sequence, head); 2: by query tile, then by key tile: its
+    key pass takes the time term by lanes, time_bias up to 48 buckets) with q, k, v and dO as strided
+    views (NaN in the gaps: a value read from outside the view would show)."""
     _units_or_skip(path)
     import grlib.ops.cpu.attention  # noqa: F401
     from grlib.ops.attention import default_alpha

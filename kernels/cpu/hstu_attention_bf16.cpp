@@ -131,11 +131,11 @@ struct BiasAcc {
   }
 };
 
-// The bias of one score-tile row, as vectors: pos(i - j) from a table read contiguously along the row,
-// and the time term written into a row buffer run by run. The pointwise work of a tile then goes in
-// one pass per row (scale, bias, SiLU, mask, rounding), where the float32 kernels' steps (alpha, add_pos,
-// the time runs, SiLU, fills, rounding) each read and wrote the row (with thread_scratch, the gain in
-// docs/MEASUREMENTS.md, 2026-12-05).
+// The pos bias of score-tile rows, as vectors: pos(i - j) from a table read contiguously along the row
+// (the time term: Row). The pointwise work of a tile then goes in one pass per row (scale, bias, SiLU,
+// mask, rounding), where the float32 kernels' steps (alpha, add_pos, the time runs, SiLU, fills,
+// rounding) each read and wrote the row (with thread_scratch, the gain in docs/MEASUREMENTS.md,
+// 2026-12-05).
 struct RowBias {
   // ext [H, P + 2 BLK]: ext[h][u] = pos[h][min(P + BLK - 1 - u, P - 1)] for u < P + BLK, 0 after; the
   // row of query i against keys j0 + x reads pos(i - j0 - x) = ext[P + BLK - 1 - (i - j0) + x]
@@ -179,6 +179,36 @@ inline void store_bf16(bf* dst, const V<T>& v) {
   _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst), (__m256i)_mm512_cvtneps_pbh((__m512)v));
 }
 
+// A head's time table in two vectors, for the time term computed lane by lane in the vector pass
+// (Bt <= 32): the bucket of 1 + |ts_i - ts_k| by the exponent of its (exact) double, time_bucket's
+// arithmetic, so the same buckets bit for bit, then a two-register table lookup. time_row's runs
+// (their search branches row by row) are left to the passes that need them for the gradients.
+struct TimeLanes {
+  bool on = false;
+  __m512 lo, hi;
+  __m512d cap;
+  explicit TimeLanes(const Bias<T>& b) {
+    if (!b.ts || b.Bt > 32) return;
+    alignas(64) float t[32] = {};
+    std::copy(b.time, b.time + b.Bt, t);
+    lo = _mm512_load_ps(t);
+    hi = _mm512_load_ps(t + 16);
+    cap = _mm512_set1_pd(static_cast<double>(b.Bt - 1));
+    on = true;
+  }
+  // the time terms of keys tsk[0, 16) against the query time tsi; keys from n on are not read (zero)
+  V<T> at(const int64_t* tsk, int64_t tsi, int64_t n) const {
+    const __m512i ti = _mm512_set1_epi64(tsi), one = _mm512_set1_epi64(1);
+    const auto bucket = [&](int64_t k, const int64_t* p) {  // 8 keys' buckets, int32
+      const __mmask8 m = k >= 8 ? 0xff : k <= 0 ? 0 : static_cast<__mmask8>((1u << k) - 1);
+      const __m512i d = _mm512_add_epi64(_mm512_abs_epi64(_mm512_sub_epi64(ti, _mm512_maskz_loadu_epi64(m, p))), one);
+      return _mm512_cvttpd_epi32(_mm512_min_pd(_mm512_getexp_pd(_mm512_cvtepi64_pd(d)), cap));
+    };
+    const __m512i idx = _mm512_inserti64x4(_mm512_castsi256_si512(bucket(n, tsk)), bucket(n - 8, tsk + 8), 1);
+    return (V<T>)_mm512_permutex2var_ps(lo, idx, hi);
+  }
+};
+
 // One score-tile row's bias and its causal keys: what the weights of its entries need (the forward
 // and both backwards share it). pre(c) = alpha s + pos + time for the 16 entries at column c; in(c)
 // marks the keys c < valid (at or before the query).
@@ -187,21 +217,43 @@ struct Row {
   const T* s;   // the score row (float32)
   const T* pr;  // RowBias::pos_row (nullptr: every entry far)
   T far;
-  const T* tb;  // the time terms (nullptr: no time bias)
-  int64_t valid;
-  TimeRuns runs;
+  // The time term, the first that applies: one bucket over the row (sorted timestamps whose first and
+  // last keys share it: most rows, away from the diagonal), added as a constant; else computed lane
+  // by lane (TimeLanes); else (need_runs, or over 32 buckets) time_row's buffer and runs. Before, every
+  // row took time_row's runs: on the AMX Xeon the forward at 8 x 1,024 tokens (2 heads, one thread)
+  // ran 19.4-20.3 ms with both biases against 12.6 with the pos bias alone; with the constant rows
+  // 14.6-17.3 (docs/MEASUREMENTS.md, 2026-12-06).
+  T tconst;                // the one bucket's term (0: no time bias)
+  const TimeLanes* lanes;  // nullptr: not by lanes
+  const T* tb;             // nullptr: not time_row's buffer
+  const int64_t* tsk;      // the keys' timestamps, and the query's
+  int64_t tsi, valid;
+  TimeRuns runs;  // the runs of buckets along the row where need_runs (the bias gradients use them)
   Row(const Pass<scalar_t>& p_, const Bias<T>& bias, const RowBias& rb, int64_t h, const T* s_, int64_t i,
-      int64_t j0, int64_t nk, T* tb_buf)
-      : p(p_), s(s_), pr(rb.pos_row(h, i - j0)), far(bias.pos[bias.P - 1]), tb(nullptr),
-        valid(std::min(nk, i - j0 + 1)) {
-    if (bias.ts) {
-      time_row(bias, bias.ts + j0, bias.ts[i], valid, tb_buf, runs);
+      int64_t j0, int64_t nk, T* tb_buf, const TimeLanes& tl, bool need_runs)
+      : p(p_), s(s_), pr(rb.pos_row(h, i - j0)), far(bias.pos[bias.P - 1]), tconst(0), lanes(nullptr), tb(nullptr),
+        tsk(bias.ts ? bias.ts + j0 : nullptr), tsi(bias.ts ? bias.ts[i] : 0), valid(std::min(nk, i - j0 + 1)) {
+    if (!bias.ts || valid <= 0) return;
+    if (bias.sorted) {
+      const int64_t first = time_bucket_one(tsk[0] - tsi, bias.Bt), last = time_bucket_one(tsk[valid - 1] - tsi, bias.Bt);
+      if (first == last) {
+        tconst = bias.time[first];
+        runs.n = 1;
+        runs.run[0] = {0, valid, first};
+        return;
+      }
+    }
+    if (tl.on && !need_runs) {
+      lanes = &tl;
+    } else {
+      time_row(bias, tsk, tsi, valid, tb_buf, runs);
       tb = tb_buf;
     }
   }
   V<T> pre(int64_t c) const {
-    V<T> v = p.alpha * vload(s + c) + (pr ? vload(pr + c) : V<T>{} + far);
-    return tb ? v + vload(tb + c) : v;
+    const V<T> v = p.alpha * vload(s + c) + (pr ? vload(pr + c) : V<T>{} + far);
+    if (tb) return v + vload(tb + c);
+    return lanes ? v + lanes->at(tsk + c, tsi, valid - c) : v + tconst;
   }
   auto in(int64_t c) const {
     static_assert(LANES<T> == 16, "the avx512 path: 16 float lanes");
@@ -215,12 +267,20 @@ struct Row {
 void weights(const T* S, bf* W, int64_t ldw, int64_t i0, int64_t j0, int64_t nq, int64_t nk, int64_t Mq, int64_t Kk,
              const Pass<scalar_t>& p, const Bias<T>& bias, const RowBias& rb, int64_t h) {
   alignas(64) T tb[BLK] = {};
+  const TimeLanes tl(bias);
   for (int64_t r = 0; r < nq; ++r) {
-    const Row row(p, bias, rb, h, S + r * BLK, i0 + r, j0, nk, tb);
+    const Row row(p, bias, rb, h, S + r * BLK, i0 + r, j0, nk, tb, tl, false);
     bf* w = W + r * ldw;
-    for (int64_t c = 0; c < Kk; c += LANES<T>) {
-      const V<T> v = row.pre(c);
-      store_bf16(w + c, row.in(c) ? v * sigmoid_v(v) * p.inv_n : V<T>{});
+    if (row.valid >= Kk) {  // every key of the row is at or before the query (off the diagonal): no mask
+      for (int64_t c = 0; c < Kk; c += LANES<T>) {
+        const V<T> v = row.pre(c);
+        store_bf16(w + c, v * sigmoid_v(v) * p.inv_n);
+      }
+    } else {
+      for (int64_t c = 0; c < Kk; c += LANES<T>) {
+        const V<T> v = row.pre(c);
+        store_bf16(w + c, row.in(c) ? v * sigmoid_v(v) * p.inv_n : V<T>{});
+      }
     }
   }
   for (int64_t r = nq; r < Mq; ++r) std::fill(W + r * ldw, W + r * ldw + Kk, bf(0));
@@ -254,6 +314,7 @@ void tile_backward(const T* S, T* dW, int64_t i0, int64_t j0, int64_t nq, int64_
   const bool pairs = out.Wp != nullptr;
   const int64_t rows = pairs ? round_up(nq, 32) : round_up(nq, 2);  // pairs: zero rows through Kq
   alignas(64) T tb[2][BLK] = {};
+  const TimeLanes tl(bias);
   for (int64_t r = 0; r < rows; r += 2) {
     if (r >= nq) {  // past the tile's queries: zero pairs
       if (pairs) {
@@ -263,8 +324,8 @@ void tile_backward(const T* S, T* dW, int64_t i0, int64_t j0, int64_t nq, int64_
       continue;
     }
     const bool two = r + 1 < nq;
-    const Row a(p, bias, rb, h, S + r * BLK, i0 + r, j0, nk, tb[0]);
-    const Row b(p, bias, rb, h, S + (r + 1) * BLK, two ? i0 + r + 1 : i0 + r, j0, nk, tb[1]);
+    const Row a(p, bias, rb, h, S + r * BLK, i0 + r, j0, nk, tb[0], tl, out.acc != nullptr);
+    const Row b(p, bias, rb, h, S + (r + 1) * BLK, two ? i0 + r + 1 : i0 + r, j0, nk, tb[1], tl, out.acc != nullptr);
     T* __restrict da = dW + r * BLK;
     T* __restrict db = dW + (r + 1) * BLK;
     for (int64_t c = 0; c < Kk; c += LANES<T>) {
@@ -295,10 +356,8 @@ void tile_backward(const T* S, T* dW, int64_t i0, int64_t j0, int64_t nq, int64_
       }
     }
     if (out.acc) {
-      out.acc->add(da, i0 + r, j0, a.valid, bias.ts ? bias.ts + j0 : nullptr, bias.ts ? bias.ts[i0 + r] : 0, a.runs);
-      if (two)
-        out.acc->add(db, i0 + r + 1, j0, b.valid, bias.ts ? bias.ts + j0 : nullptr, bias.ts ? bias.ts[i0 + r + 1] : 0,
-                     b.runs);
+      out.acc->add(da, i0 + r, j0, a.valid, a.tsk, a.tsi, a.runs);
+      if (two) out.acc->add(db, i0 + r + 1, j0, b.valid, b.tsk, b.tsi, b.runs);
     }
   }
   if (out.dSb)
