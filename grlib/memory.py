@@ -10,15 +10,16 @@ step allocates is faulted in and zeroed by the kernel page by page, every step. 
 activations and gradients are such blocks: at the paper-like shape (8,192 tokens, d_model 1,536)
 the uvqk projection's output and its gradient are [8192, 6144] bf16, 96 MiB each.
 
-Measured (2-core Intel Xeon with AMX, family 6 model 0xa7, grlib._C path amx; docs/MEASUREMENTS.md):
-  torch.empty(8192, 6144, bf16).fill_(1)    29.2 ms, against 7.6 ms for the fill of a reused tensor
-  the [8192, 1536] x [1536, 6144] bf16      120 ms into a new tensor, 72 ms into a reused one
-    product (torch.mm)
-  the paper-like bf16 step (issue 38's       3,104 ms -> 2,636 ms (the same settings given as glibc's
-    `bench train` command)                  environment variables MALLOC_MMAP_MAX_=0 and
-                                             MALLOC_TRIM_THRESHOLD_); peak RSS 2,580 -> 3,127 MB
-  torch's transparent huge pages for its     3,803 ms: slower (not chosen)
+Measured (2-core Intel Xeon with AMX, family 6 model 0xa7, grlib._C path amx; issue 38's paper-like
+`bench train` command, consecutive runs; docs/MEASUREMENTS.md):
+  glibc's defaults                                   bf16 step 3,104 ms, fp32 8.21 s
+  the same settings as glibc's environment           bf16 2,636 ms (peak RSS 2,580 -> 3,127 MB)
+    variables (MALLOC_MMAP_MAX_=0, MALLOC_TRIM_THRESHOLD_)
+  GRLIB_MALLOC=keep (set in-process, this module)    bf16 2,846 ms, fp32 7.39 s
+  torch's transparent huge pages for its             bf16 3,803 ms: slower (not chosen)
     allocations (THP_MEM_ALLOC_ENABLE=1)
+The mechanism is checked, not timed, by tests/test_memory.py: a freed 64 MiB block's second use
+faults its 16,384 pages in again under glibc's defaults and almost none under keep.
 The cost: the resident set stays near its high-water mark instead of shrinking between steps
 (memory is kept for reuse, as a GPU framework's caching allocator keeps it).
 
