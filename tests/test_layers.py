@@ -57,6 +57,7 @@ RULES = {
     "grlib.plots": "base",
     "grlib.progress": "base",
     "grlib.threads": "base",
+    "grlib.memory": "base",
     "grlib.jagged": "base",
     "grlib.terminal": "base",  # tables within 120 columns, library noise kept off the terminal
     # the log schema (column names, action bits, reserved item ids, DataError): a vocabulary with no
