@@ -15,7 +15,8 @@ kernel, SiLU(Q, K, V) is applied inside the attention's tiles and never written 
 
 The projections are grlib.ops.linear (oneDNN on CPU). With model.precision = bf16 (mixed precision,
 torch.autocast's rules for a linear layer): each projection multiplies bf16 copies of its input and
-of its fp32 weight and bias (oneDNN: bf16 products, fp32 accumulation, bf16 output), so U, V, Q, K
+of its fp32 weight and bias (oneDNN: bf16 products, fp32 accumulation, bf16 output; the input
+LayerNorm writes its bf16 output directly, rounded once from fp32), so U, V, Q, K
 are bf16 [T, 4d]; the attention kernel reads them and computes in fp32, rounding its output to bf16
 once; LayerNorm(A) * U and its dropout compute in fp32 and round to bf16; the output projection's
 bf16 result joins the fp32 residual stream X. The weight and bias gradients reach the fp32 masters
@@ -30,14 +31,15 @@ backward (torch.utils.checkpoint, non-reentrant): the same dropout words (torch'
 data-parallel global rows restored), so the gradients are those of the plain forward. The layer's
 forward FLOPs run twice; MFU (grlib.perf) counts the model's FLOPs once, never the recomputed ones.
 
-The encoder maps a JaggedBatch to one L2-normalised vector per token ([T, d]).
+The encoder maps a JaggedBatch to one L2-normalised vector per token ([T, d]): the final LayerNorm
+and the normalisation are one op, grlib.ops.layer_norm(..., l2_eps), and each layer's input
+LayerNorm writes the projection's dtype directly (grlib.ops.layer_norm(..., dtype)).
 """
 from __future__ import annotations
 
 import sys
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
@@ -50,6 +52,7 @@ from grlib.model.embeddings import Embeddings
 
 N_POS_BUCKETS = 128  # relative positions i - j >= 127 share one bucket
 N_TIME_BUCKETS = 32  # log2 buckets of |t_i - t_j| in seconds
+L2_EPS = 1e-12  # the final L2 normalisation's eps (F.normalize's default)
 
 
 COMPUTE_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}  # model.precision -> the projections' dtype
@@ -85,7 +88,9 @@ class HSTULayer(nn.Module):
         T = x.shape[0]
         if T == 0:  # a batch of empty sequences: nothing to attend (the padded reference cannot view 0 tokens);
             return self.dropout(x)  # the dropout still draws (a data-parallel rank keeps the global stream)
-        z = self.uvqk(self.norm_in(x))  # [T, 4d]: u | v | q | k before SiLU (bf16 under model.precision bf16)
+        norm_in = self.norm_in  # LayerNorm(x) written in the projection's dtype (no cast of its own)
+        z = self.uvqk(ops.layer_norm(x, norm_in.weight, norm_in.bias, norm_in.eps, dtype=self.uvqk.compute_dtype))
+        # z [T, 4d]: u | v | q | k before SiLU (bf16 under model.precision bf16)
         u, attn = ops.uvqk_attention(z, self.n_heads, batch.offsets, batch.max_len, pos_bias=self.pos_bias,
                                      time_bias=self.time_bias, timestamps=batch.timestamps,
                                      impl=self.impl)  # [T, d], [T, H, dh]
@@ -132,7 +137,7 @@ class HSTU(nn.Module):
         recompute = self.cfg.recompute_layers and self.training and torch.is_grad_enabled()
         for layer in self.layers:
             x = _recomputed(layer, x, batch) if recompute else layer(x, batch)
-        return F.normalize(self.norm(x), dim=-1)
+        return ops.layer_norm(x, self.norm.weight, self.norm.bias, self.norm.eps, l2_eps=L2_EPS)  # LayerNorm, L2
 
     def attention_impl(self, device: torch.device | str = "cpu") -> str:
         """The grlib.ops implementation the layers' attention resolves to on `device`."""

@@ -9,9 +9,17 @@ layer_norm_mul_dropout(x, u, weight, bias, eps, words, threshold, scale) = dropo
 LayerNorm(x) * u, words, threshold, scale) (grlib/ops/dropout.py): HSTU's `Dropout(norm_attn(A V) * U)`,
 the dropout's mask applied in the same pass forward, and to the incoming gradient as the backward
 reads it (keeping the int16 words, not the [N, d] product).
+
+layer_norm(x, weight, bias, eps, l2_eps=None, dtype=None) = LayerNorm(x) over the last dim, then
+(l2_eps given) F.normalize(., dim=-1, eps=l2_eps), rounded once to `dtype` (x's, or bfloat16 for
+float32 x). HSTU's final LayerNorm and L2 normalisation is one op instead of a dozen passes over
+[T, d] (the norm, clamp, division and their backward), and each layer's input LayerNorm writes the
+bf16 input of a bf16 projection directly (no cast forward, none of the gradient back). The
+compiled kernel (kernels/cpu/layer_norm.cpp, grlib.ops.cpu.fused) keeps only rstd [N] for backward.
 """
 from __future__ import annotations
 
+import torch
 import torch.nn.functional as F
 from torch import Tensor
 
@@ -31,6 +39,31 @@ def check_layer_norm_mul_args(x: Tensor, u: Tensor, weight: Tensor, bias: Tensor
         raise ValueError(f"eps must be > 0, got {eps}")
 
 
+def check_layer_norm_args(x: Tensor, weight: Tensor, bias: Tensor, eps: float, l2_eps: float | None,
+                          dtype: torch.dtype | None) -> None:
+    if x.dim() < 1 or not x.is_floating_point():
+        raise TypeError(f"layer_norm: x must be a floating [..., d] tensor, got {x.dtype} {tuple(x.shape)}")
+    d = x.shape[-1]
+    if weight.shape != (d,) or bias.shape != (d,):
+        raise ValueError(f"layer_norm: weight and bias must be [d={d}], got {tuple(weight.shape)} and "
+                         f"{tuple(bias.shape)}")
+    if eps <= 0:
+        raise ValueError(f"layer_norm: eps must be > 0, got {eps}")
+    if l2_eps is not None and l2_eps <= 0:
+        raise ValueError(f"layer_norm: l2_eps must be > 0 (or None: no L2 normalisation), got {l2_eps}")
+    if dtype not in (None, x.dtype) and not (x.dtype == torch.float32 and dtype == torch.bfloat16):
+        raise TypeError(f"layer_norm: dtype must be x's ({x.dtype}) or, for float32 x, bfloat16; got {dtype}")
+
+
+def layer_norm_reference(x: Tensor, weight: Tensor, bias: Tensor, eps: float, l2_eps: float | None,
+                         dtype: torch.dtype | None) -> Tensor:
+    """x [N, d] -> LayerNorm(x) [N, d], then F.normalize (l2_eps given), then .to(dtype) (torch ops, autograd)."""
+    y = F.layer_norm(x, (x.shape[-1],), weight.to(x.dtype), bias.to(x.dtype), eps)
+    if l2_eps is not None:
+        y = F.normalize(y, dim=-1, eps=l2_eps)
+    return y if dtype is None else y.to(dtype)
+
+
 def layer_norm_mul_reference(x: Tensor, u: Tensor, weight: Tensor, bias: Tensor, eps: float) -> Tensor:
     """x, u [N, d] -> LayerNorm(x) * u [N, d] (two torch ops, autograd)."""
     return F.layer_norm(x, (x.shape[-1],), weight.to(x.dtype), bias.to(x.dtype), eps) * u
@@ -42,6 +75,8 @@ def layer_norm_mul_dropout_reference(x: Tensor, u: Tensor, weight: Tensor, bias:
     return dropout_words_reference(layer_norm_mul_reference(x, u, weight, bias, eps), words, threshold, scale)
 
 
+registry.register("layer_norm", "reference", lambda: layer_norm_reference)
+registry.register("layer_norm", "cpu", registry.lazy("cpu.fused", "layer_norm"))
 registry.register("layer_norm_mul", "reference", lambda: layer_norm_mul_reference)
 registry.register("layer_norm_mul", "cpu", registry.lazy("cpu.fused", "layer_norm_mul"))
 registry.register("layer_norm_mul_dropout", "reference", lambda: layer_norm_mul_dropout_reference)
@@ -67,3 +102,13 @@ def layer_norm_mul_dropout(x: Tensor, u: Tensor, weight: Tensor, bias: Tensor, w
     d = x.shape[-1]
     return fn(x.reshape(-1, d), u.reshape(-1, d), weight, bias, eps, words.reshape(-1, d), threshold,
               scale).reshape(x.shape)
+
+
+def layer_norm(x: Tensor, weight: Tensor, bias: Tensor, eps: float = 1e-5, l2_eps: float | None = None,
+               dtype: torch.dtype | None = None, impl: str = "auto") -> Tensor:
+    """LayerNorm(x) over the last dim, then L2 normalisation (F.normalize's, eps l2_eps) if l2_eps is
+    given, rounded to `dtype` (x's, or bfloat16 for float32 x): x [..., d], weight, bias [d] -> [..., d]."""
+    check_layer_norm_args(x, weight, bias, eps, l2_eps, dtype)
+    fn = registry.resolve("layer_norm", x.device, impl)
+    d = x.shape[-1]
+    return fn(x.reshape(-1, d), weight, bias, eps, l2_eps, dtype).reshape(x.shape)

@@ -1,5 +1,5 @@
-"""The compiled fused ops around attention (kernels/cpu/layer_norm_mul.cpp): layer_norm_mul and
-layer_norm_mul_dropout, with their autograd and fake impls."""
+"""The compiled fused ops around attention (kernels/cpu/layer_norm_mul.cpp, kernels/cpu/layer_norm.cpp):
+layer_norm_mul, layer_norm_mul_dropout and layer_norm, with their autograd and fake impls."""
 from __future__ import annotations
 
 import torch
@@ -73,3 +73,35 @@ def layer_norm_mul_dropout(x: Tensor, u: Tensor, weight: Tensor, bias: Tensor, e
                            threshold: int, scale: float) -> Tensor:
     """x, u [N, d], words [N, d] int16 -> LayerNorm(x) * u * (words >= threshold) * scale, one pass per row."""
     return _ops.layer_norm_mul_dropout(x, u, weight, bias, float(eps), words.contiguous(), threshold, float(scale))[0]
+
+
+@torch.library.register_fake("grlib::layer_norm")
+def _(x, weight, bias, eps, l2_eps, dtype):
+    acc = torch.float64 if x.dtype == torch.float64 else torch.float32
+    return x.new_empty(x.shape, dtype=dtype or x.dtype), x.new_empty(x.shape[:1], dtype=acc)
+
+
+@torch.library.register_fake("grlib::layer_norm_backward")
+def _(grad, x, weight, bias, rstd, l2_eps):
+    return x.new_empty(x.shape), weight.new_empty(weight.shape), bias.new_empty(bias.shape)
+
+
+def _setup_layer_norm(ctx, inputs, output) -> None:
+    x, weight, bias, _, l2_eps, _ = inputs
+    ctx.save_for_backward(x, weight, bias, output[1])  # x [N, d] and rstd [N]: the backward recomputes the rest
+    ctx.l2_eps = l2_eps
+
+
+def _backward_layer_norm(ctx, grad_y: Tensor, grad_rstd):
+    x, weight, bias, rstd = ctx.saved_tensors
+    dx, dw, db = _ops.layer_norm_backward(grad_y.contiguous(), x, weight, bias, rstd, ctx.l2_eps)
+    return dx, dw, db, None, None, None
+
+
+torch.library.register_autograd("grlib::layer_norm", _backward_layer_norm, setup_context=_setup_layer_norm)
+
+
+def layer_norm(x: Tensor, weight: Tensor, bias: Tensor, eps: float, l2_eps: float | None,
+               dtype: torch.dtype | None) -> Tensor:
+    """x [N, d] -> LayerNorm(x) (then L2-normalised if l2_eps is given) in `dtype`, one pass per row."""
+    return _ops.layer_norm(x, weight, bias, float(eps), None if l2_eps is None else float(l2_eps), dtype)[0]
