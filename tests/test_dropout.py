@@ -111,3 +111,69 @@ def test_dropout_words_dispatch_opcheck_and_errors():
         ops.dropout_words(x, random_words(x.shape), 32769, 1.0)
     with pytest.raises(TypeError, match="x must be floating point"):
         ops.dropout_words(x.long(), random_words(x.shape), 0, 1.0)
+
+
+def _splitmix64_words(seed: int, elements: list[int]) -> list[int]:
+    """The words of the stream in plain Python ints (a third implementation: the module doc's formula)."""
+    mask = (1 << 64) - 1
+    out = []
+    for e in elements:
+        z = (seed + ((e >> 2) + 1) * 0x9E3779B97F4A7C15) & mask
+        z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & mask
+        z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & mask
+        w = ((z ^ (z >> 31)) >> (16 * (e & 3))) & 0xFFFF
+        out.append(w - 65536 if w >= 32768 else w)
+    return out
+
+
+def test_random_words_is_splitmix64():
+    """SplittableRandom(0)'s first output is 0xE220A8397B1DCDAF (its published value): the stream's
+    first four words are its four 16-bit parts, low first; every word matches the formula in Python."""
+    seed = torch.tensor(0, dtype=torch.int64)
+    first = [w & 0xFFFF for w in ops.random_words(seed, 1, 4, impl="cpu")[0].tolist()]
+    assert first == [0xCDAF, 0x7B1D, 0xA839, 0xE220]
+    for s in (0, 12345, -(2**63), 2**63 - 1):
+        got = ops.random_words(torch.tensor(s, dtype=torch.int64), 7, 9, impl="cpu").view(-1).tolist()
+        assert got == _splitmix64_words(s % 2**64, list(range(63))), s
+
+
+@settings(max_examples=40, deadline=None)
+@given(n_rows=st.integers(0, 40), inner=st.integers(0, 37), seed=st.integers(-(2**63), 2**63 - 1),
+       with_rows=st.booleans(), pick=st.integers(0, 2**31))
+def test_random_words_kernel_equals_reference_and_rows_are_the_batch_rows(n_rows, inner, seed, with_rows, pick):
+    """impl cpu equals impl reference bitwise; with `rows`, each row is that row of the whole batch's
+    words (what a data-parallel rank draws for its tokens)."""
+    s = torch.tensor(seed, dtype=torch.int64)
+    whole = ops.random_words(s, n_rows, inner, impl="reference")
+    assert whole.dtype == torch.int16 and whole.shape == (n_rows, inner)
+    assert torch.equal(ops.random_words(s, n_rows, inner, impl="cpu"), whole)
+    if with_rows and n_rows:
+        rows = torch.randint(0, n_rows, (n_rows // 2 + 1,), generator=torch.Generator().manual_seed(pick))
+        for impl in ("cpu", "reference"):
+            assert torch.equal(ops.random_words(s, len(rows), inner, rows, impl=impl), whole[rows]), impl
+
+
+def test_random_words_uniform_16_bit_words():
+    """Chi-square over the 256 values of each byte of 2**20 words (4 x 2**18 64-bit outputs): within
+    the 1e-6 tail of chi2(255) (a broken mixer, e.g. one without the multiplications, fails it)."""
+    words = ops.random_words(torch.tensor(42, dtype=torch.int64), 1024, 1024).view(-1).to(torch.int32) & 0xFFFF
+    for byte in (words & 0xFF, words >> 8):
+        counts = torch.bincount(byte, minlength=256).double()
+        expected = words.numel() / 256
+        chi2 = float(((counts - expected) ** 2 / expected).sum())
+        assert chi2 < 400, chi2  # chi2(255): mean 255, sd 22.6; P(> 400) < 1e-6
+
+
+def test_random_words_opcheck_and_errors():
+    import grlib.ops.cpu.dropout  # noqa: F401  (fake impl of the compiled op)
+
+    assert ops.choose("random_words", "cpu") == "cpu"
+    s = torch.tensor(3, dtype=torch.int64)
+    torch.library.opcheck(torch.ops.grlib.random_words.default, (s, 4, 5, None))
+    torch.library.opcheck(torch.ops.grlib.random_words.default, (s, 2, 5, torch.tensor([3, 0])))
+    with pytest.raises(ValueError, match="seed must be one int64"):
+        ops.random_words(torch.tensor(3.0), 2, 2)
+    with pytest.raises(ValueError, match=r"rows must be int64 \[n_rows=2\]"):
+        ops.random_words(s, 2, 2, torch.tensor([1]))
+    with pytest.raises(ValueError, match="n_rows and inner must be >= 0"):
+        ops.random_words(s, -1, 2)

@@ -1,5 +1,6 @@
-"""The compiled dropout_words (kernels/cpu/dropout.cpp; contract grlib/ops/dropout.py) with its fake
-impl and autograd (the gradient is the same op on the gradient). Passes torch.library.opcheck.
+"""The compiled dropout_words and random_words (kernels/cpu/dropout.cpp; contract grlib/ops/dropout.py)
+with their fake impls, and dropout_words' autograd (the gradient is the same op on the gradient).
+Both pass torch.library.opcheck.
 """
 from __future__ import annotations
 
@@ -33,3 +34,13 @@ torch.library.register_autograd("grlib::dropout_words", _dropout_backward, setup
 def dropout_words(x: Tensor, words: Tensor, threshold: int, scale: float) -> Tensor:
     """x [*], words [*] int16 -> x * (words >= threshold) * scale [*] in one pass (autograd: the same op)."""
     return _ops.dropout_words(x, words, threshold, float(scale))
+
+
+@torch.library.register_fake("grlib::random_words")
+def _(seed, n_rows, inner, rows):
+    return seed.new_empty((n_rows, inner), dtype=torch.int16)
+
+
+def random_words(seed: Tensor, n_rows: int, inner: int, rows: Tensor | None) -> Tensor:
+    """[n_rows, inner] int16 words of the splitmix64 stream of seed, one compiled pass."""
+    return _ops.random_words(seed.reshape(()), n_rows, inner, rows)
