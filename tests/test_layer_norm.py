@@ -40,7 +40,8 @@ def _run(x, w, b, eps, l2, dtype, impl, cast=None):
     """[y, dx, dweight, dbias]; cast: evaluate in that dtype (the float64 answer), on the same values."""
     leaves = [(t.to(cast) if cast else t).detach().requires_grad_(True) for t in (x, w, b)]
     y = ops.layer_norm(*leaves, eps=eps, l2_eps=l2, dtype=None if cast else dtype, impl=impl)
-    grad = torch.randn(y.shape, generator=torch.Generator().manual_seed(1)).to(dtype or x.dtype)  # as the kernel gets it
+    # the incoming gradient as the kernel gets it (rounded to its output's dtype), for every run
+    grad = torch.randn(y.shape, generator=torch.Generator().manual_seed(1)).to(dtype or x.dtype)
     y.backward(grad.to(y.dtype))
     return [y.detach()] + [t.grad for t in leaves]
 

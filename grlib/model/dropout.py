@@ -97,7 +97,8 @@ def random_words(shape: torch.Size, device: torch.device | str = "cpu") -> Tenso
 
 def _words(shape: torch.Size, device: torch.device | str) -> Tensor:  # four words per 64-bit draw
     n = shape.numel()
-    words = torch.empty((n + 3) // 4, dtype=torch.int64, device=device).random_(-(2**63), None)  # [ceil(n / 4)], all 64 bits
+    # [ceil(n / 4)], all 64 bits
+    words = torch.empty((n + 3) // 4, dtype=torch.int64, device=device).random_(-(2**63), None)
     words = words.view(torch.int16)[:n].view(shape)
     # under torch.compile, an output that views the int64 buffer as int16 breaks AOT autograd's alias
     # replay (it re-creates the view with the int64 item size: torch 2.13); a copy is not an alias

@@ -100,7 +100,7 @@ class HSTULayer(nn.Module):
                                            eps=norm.eps)
         else:
             y = ops.layer_norm_mul(a, u, norm.weight, norm.bias, eps=norm.eps)
-        return x + self.out(y)  # fp32 [T, d] (a bf16 projection is widened by the sum)
+        return ops.residual_add(x, self.out(y))  # fp32 [T, d] (a bf16 projection is widened by the sum, one pass)
 
 
 def _recomputed(layer: HSTULayer, x: Tensor, batch: JaggedBatch) -> Tensor:  # x [T, d] -> [T, d]

@@ -8,7 +8,8 @@ function (argument checks, then the registry):
     jagged      the layout (offsets_from_lengths); jagged_to_padded, padded_to_jagged, segment_sum,
                 segment_mean, segment_expand
     attention   hstu_attention, uvqk_attention
-    fused       layer_norm (with L2 normalisation and a bf16 output), layer_norm_mul, layer_norm_mul_dropout
+    fused       layer_norm (with L2 normalisation and a bf16 output), layer_norm_mul, layer_norm_mul_dropout,
+                residual_add
     matmul      linear, matmul_nt, transpose_copy (and the onednn implementation; gemm_choice: the
                 GEMM library `auto` takes for float32 linears on this machine)
     embedding   embedding_sum
@@ -37,7 +38,7 @@ from grlib.ops import registry
 from grlib.ops.attention import hstu_attention, uvqk_attention
 from grlib.ops.dropout import dropout_words, random_words
 from grlib.ops.embedding import embedding_sum
-from grlib.ops.fused import layer_norm, layer_norm_mul, layer_norm_mul_dropout
+from grlib.ops.fused import layer_norm, layer_norm_mul, layer_norm_mul_dropout, residual_add
 from grlib.ops.jagged import (jagged_to_padded, offsets_from_lengths, padded_to_jagged, segment_expand,
                               segment_mean, segment_sum)
 from grlib.ops.lazy_adam import lazy_adam_
@@ -49,6 +50,7 @@ from grlib.ops.registry import IMPLS, choose, implementations, runnable
 __all__ = [
     "IMPLS", "choose", "implementations", "offsets_from_lengths", "registry", "runnable",
     "jagged_to_padded", "padded_to_jagged", "segment_sum", "segment_mean", "segment_expand",
-    "hstu_attention", "uvqk_attention", "layer_norm", "layer_norm_mul", "layer_norm_mul_dropout", "linear", "matmul_nt",
+    "hstu_attention", "uvqk_attention", "layer_norm", "layer_norm_mul", "layer_norm_mul_dropout", "residual_add",
+    "linear", "matmul_nt",
     "transpose_copy", "embedding_sum", "dropout_words", "random_words", "lazy_adam_",
 ]

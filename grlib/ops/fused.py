@@ -16,6 +16,10 @@ float32 x). HSTU's final LayerNorm and L2 normalisation is one op instead of a d
 [T, d] (the norm, clamp, division and their backward), and each layer's input LayerNorm writes the
 bf16 input of a bf16 projection directly (no cast forward, none of the gradient back). The
 compiled kernel (kernels/cpu/layer_norm.cpp, grlib.ops.cpu.fused) keeps only rstd [N] for backward.
+
+residual_add(x, h) = x + h for a float32 residual stream x and a layer output h in bf16 (or float16,
+float32): one pass (kernels/cpu/residual_add.cpp) where torch's add first widens h into a copy of its
+own; bitwise torch's sum. Its gradient: the incoming one for x, the same rounded to h's dtype for h.
 """
 from __future__ import annotations
 
@@ -75,6 +79,21 @@ def layer_norm_mul_dropout_reference(x: Tensor, u: Tensor, weight: Tensor, bias:
     return dropout_words_reference(layer_norm_mul_reference(x, u, weight, bias, eps), words, threshold, scale)
 
 
+def check_residual_add_args(x: Tensor, h: Tensor) -> None:
+    if x.dtype != torch.float32 or h.dtype not in (torch.bfloat16, torch.float16, torch.float32):
+        raise TypeError(f"residual_add: x must be float32 and h bfloat16, float16 or float32, got {x.dtype} "
+                        f"and {h.dtype}")
+    if h.shape != x.shape:
+        raise ValueError(f"residual_add: h must have x's shape {tuple(x.shape)}, got {tuple(h.shape)}")
+
+
+def residual_add_reference(x: Tensor, h: Tensor) -> Tensor:
+    """x [*] float32 + h [*] -> [*] float32 (torch's type promotion, autograd)."""
+    return x + h
+
+
+registry.register("residual_add", "reference", lambda: residual_add_reference)
+registry.register("residual_add", "cpu", registry.lazy("cpu.fused", "residual_add"))
 registry.register("layer_norm", "reference", lambda: layer_norm_reference)
 registry.register("layer_norm", "cpu", registry.lazy("cpu.fused", "layer_norm"))
 registry.register("layer_norm_mul", "reference", lambda: layer_norm_mul_reference)
@@ -112,3 +131,9 @@ def layer_norm(x: Tensor, weight: Tensor, bias: Tensor, eps: float = 1e-5, l2_ep
     fn = registry.resolve("layer_norm", x.device, impl)
     d = x.shape[-1]
     return fn(x.reshape(-1, d), weight, bias, eps, l2_eps, dtype).reshape(x.shape)
+
+
+def residual_add(x: Tensor, h: Tensor, impl: str = "auto") -> Tensor:
+    """x [*] float32 + h [*] (bf16, float16 or float32) -> [*] float32 in one pass (module doc)."""
+    check_residual_add_args(x, h)
+    return registry.resolve("residual_add", x.device, impl)(x, h)

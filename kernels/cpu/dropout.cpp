@@ -79,7 +79,8 @@ inline uint64_t splitmix64(uint64_t seed, uint64_t i) {
   return z ^ (z >> 31);
 }
 
-at::Tensor random_words(const at::Tensor& seed_in, int64_t n_rows, int64_t inner, const std::optional<at::Tensor>& rows_in) {
+at::Tensor random_words(const at::Tensor& seed_in, int64_t n_rows, int64_t inner,
+                        const std::optional<at::Tensor>& rows_in) {
   const char* op = "random_words";
   TORCH_CHECK(seed_in.device().is_cpu() && seed_in.scalar_type() == at::kLong && seed_in.numel() == 1, op,
               ": seed must be one int64 on the CPU, got ", seed_in.scalar_type(), " ", seed_in.sizes());
@@ -88,7 +89,8 @@ at::Tensor random_words(const at::Tensor& seed_in, int64_t n_rows, int64_t inner
   if (rows_in) {
     rows = rows_in->contiguous();
     TORCH_CHECK(rows.device().is_cpu() && rows.scalar_type() == at::kLong && rows.dim() == 1 && rows.numel() == n_rows,
-                op, ": rows must be int64 [n_rows=", n_rows, "] on the CPU, got ", rows.scalar_type(), " ", rows.sizes());
+                op, ": rows must be int64 [n_rows=", n_rows, "] on the CPU, got ", rows.scalar_type(), " ",
+                rows.sizes());
   }
   const uint64_t seed = static_cast<uint64_t>(seed_in.item<int64_t>());
   at::Tensor out = at::empty({n_rows, inner}, seed_in.options().dtype(at::kShort));

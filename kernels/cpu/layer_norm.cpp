@@ -13,13 +13,15 @@
 // statistics in double; rstd [N] returned in float (double for float64 x); x-hat from the double
 // mean split into two floats (x - hi - lo), the same in forward and backward; the backward
 // recomputes the mean, x-hat, z and ||z|| from x instead of storing them; weight/bias gradients summed per
-// chunk into partial buffers of the chunk's own and reduced across chunks in double (race-free).
+// chunk of 64 rows in float (double for float64) into buffers of the chunk's own, then reduced across
+// chunks in double (race-free).
 // Backward of the L2 step: dz = (g - y (g . y)) / max(||z||, l2_eps) where ||z|| >= l2_eps, else
 // g / l2_eps (the clamp passes no gradient to the norm, as torch's clamp_min).
 #include <torch/extension.h>
 #include <ATen/OpMathType.h>
 #include <ATen/Parallel.h>
 
+#include <algorithm>
 #include <cmath>
 #include <optional>
 #include <vector>
@@ -50,10 +52,10 @@ namespace {
 
 constexpr int64_t GRAIN = 64;  // rows per chunk
 
-// sum_e f(e) for e < d in Acc, over 16 interleaved partial sums (vectorised without -ffast-math)
+// sum_e f(e) for e < d in Acc, over 32 interleaved partial sums (vectorised without -ffast-math)
 template <typename Acc, typename F>
 inline Acc lanes(int64_t d, const F& f) {
-  constexpr int64_t L = 16;
+  constexpr int64_t L = 32;
   Acc acc[L] = {};
   int64_t e = 0;
   for (; e + L <= d; e += L)
@@ -112,7 +114,7 @@ template <typename scalar_t, typename out_t, typename T>
 __attribute__((noinline)) void backward_row(const scalar_t* __restrict xr, const out_t* __restrict gr,
                                             const T* __restrict pw, const T* __restrict pb, double md, T rs,
                                             double l2_eps, int64_t d, T* __restrict buf, scalar_t* __restrict dxr,
-                                            double* __restrict dw, double* __restrict db) {
+                                            T* __restrict dw, T* __restrict db) {
   T* __restrict xh = buf;
   T* __restrict gz = buf + d;     // dL/dz
   T* __restrict z = buf + 2 * d;  // z, then dL/dx-hat
@@ -128,8 +130,8 @@ __attribute__((noinline)) void backward_row(const scalar_t* __restrict xr, const
     for (int64_t e = 0; e < d; ++e) gz[e] = (gz[e] - z[e] * inv * dot) * inv;
   }
   for (int64_t e = 0; e < d; ++e) {
-    dw[e] += static_cast<double>(gz[e]) * static_cast<double>(xh[e]);
-    db[e] += static_cast<double>(gz[e]);
+    dw[e] += gz[e] * xh[e];
+    db[e] += gz[e];
     z[e] = gz[e] * pw[e];
   }
   const T a1 = lanes<T>(d, [&](int64_t e) { return z[e]; }) / static_cast<T>(d);
@@ -217,9 +219,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> layer_norm_bwd(const at::Tensor& 
     scalar_t* pdx = dx.data_ptr<scalar_t>();
     double* pp = partial.data_ptr<double>();
     at::parallel_for(0, chunks, 1, [&](int64_t c0, int64_t c1) {
-      std::vector<T> buf(3 * d);
+      std::vector<T> buf(3 * d), sums(2 * d);  // per row: x-hat, dL/dz, z; the chunk's dweight, dbias
       for (int64_t c = c0; c < c1; ++c) {
-        double *dw = pp + c * 2 * d, *db = dw + d;
+        T *dw = sums.data(), *db = dw + d;
+        std::fill(sums.begin(), sums.end(), T(0));
         for (int64_t r = c * GRAIN; r < std::min(N, (c + 1) * GRAIN); ++r) {
           // the forward's double mean, recomputed
           const scalar_t* xr = px + r * d;
@@ -227,6 +230,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> layer_norm_bwd(const at::Tensor& 
           backward_row<scalar_t, out_t, T>(xr, pg + r * d, pw, pb, md, pr[r], l2_eps, d, buf.data(), pdx + r * d,
                                            dw, db);
         }
+        double* part = pp + c * 2 * d;  // [dweight | dbias] of the chunk, in double
+        for (int64_t e = 0; e < 2 * d; ++e) part[e] = static_cast<double>(sums[e]);
       }
     });
   });

@@ -10,12 +10,13 @@
 // accumulated in double, the rest in float (double for float64 inputs); forward returns mean and
 // rstd [N] in float (double) for the backward pass, which recomputes the normalised row instead of
 // storing it (from a double mean split into two floats, see backward_row). The weight/bias
-// gradients are summed per chunk of 64 rows into a partial buffer of the chunk's own and reduced
-// across chunks afterwards (race-free), in double.
+// gradients are summed per chunk of 64 rows in float (double for float64) into a buffer of the
+// chunk's own, and the chunks' sums are reduced afterwards in double (race-free).
 #include <torch/extension.h>
 #include <ATen/OpMathType.h>
 #include <ATen/Parallel.h>
 
+#include <algorithm>
 #include <cmath>
 #include <vector>
 #include "isa.h"
@@ -63,7 +64,7 @@ void check(const at::Tensor& x, const at::Tensor& u, const at::Tensor& weight, c
 }
 
 constexpr int64_t GRAIN = 64;  // rows per chunk
-constexpr int64_t LANES = 8;   // independent partial sums, so that the compiler can vectorise reductions
+constexpr int64_t LANES = 32;  // independent partial sums: the compiler vectorises the reductions (4 zmm of doubles)
 
 // sum_e f(e) for e < d in double, over LANES interleaved partial sums (no -ffast-math needed).
 template <typename F>
@@ -119,12 +120,16 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> layer_norm_mul_impl(const at::Ten
     scalar_t* py = y.data_ptr<scalar_t>();
     T *pm = mean.data_ptr<T>(), *pr = rstd.data_ptr<T>();
     at::parallel_for(0, N, GRAIN, [&](int64_t r0, int64_t r1) {
+      std::vector<T> widened(d);  // the row in T: the sums below vectorise over it (over bf16 they ran scalar)
+      T* __restrict xw = widened.data();
       for (int64_t r = r0; r < r1; ++r) {
-        const scalar_t *xr = px + r * d, *ur = pu + r * d;
+        const scalar_t* xr = px + r * d;
+        const scalar_t* ur = pu + r * d;
+        for (int64_t e = 0; e < d; ++e) xw[e] = static_cast<T>(xr[e]);
         // row statistics in double: rows far from zero mean keep their digits
-        const double md = d ? lane_sum(d, [&](int64_t e) { return static_cast<double>(xr[e]); }) / d : 0.0;
+        const double md = d ? lane_sum(d, [&](int64_t e) { return static_cast<double>(xw[e]); }) / d : 0.0;
         const double var = lane_sum(d, [&](int64_t e) {
-          const double c = static_cast<double>(xr[e]) - md;
+          const double c = static_cast<double>(xw[e]) - md;
           return c * c;
         });
         pm[r] = static_cast<T>(md);
@@ -134,15 +139,13 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> layer_norm_mul_impl(const at::Ten
           const int16_t* wr = drop.words + r * d;
           const T sc = static_cast<T>(drop.scale);
           for (int64_t e = 0; e < d; ++e) {
-            const scalar_t v = static_cast<scalar_t>(((static_cast<T>(xr[e]) - m) * rs * pw[e] + pb[e]) *
-                                                     static_cast<T>(ur[e]));
+            const scalar_t v = static_cast<scalar_t>(((xw[e] - m) * rs * pw[e] + pb[e]) * static_cast<T>(ur[e]));
             const T keep = static_cast<int32_t>(wr[e]) >= drop.thr ? T(1) : T(0);
             py[r * d + e] = static_cast<scalar_t>(static_cast<T>(static_cast<scalar_t>(static_cast<T>(v) * keep)) * sc);
           }
         } else {
           for (int64_t e = 0; e < d; ++e)
-            py[r * d + e] =
-                static_cast<scalar_t>(((static_cast<T>(xr[e]) - m) * rs * pw[e] + pb[e]) * static_cast<T>(ur[e]));
+            py[r * d + e] = static_cast<scalar_t>(((xw[e] - m) * rs * pw[e] + pb[e]) * static_cast<T>(ur[e]));
         }
       }
     });
@@ -189,10 +192,12 @@ template <typename scalar_t, typename T>
 __attribute__((noinline)) void backward_row(const scalar_t* __restrict xr, const scalar_t* __restrict ur, const scalar_t* __restrict gr,
                          const int16_t* __restrict wr, int32_t thr, T sc, const T* __restrict pw,
                          const T* __restrict pb, T rs, int64_t d, T* __restrict buf, scalar_t* __restrict dxr,
-                         scalar_t* __restrict dur, double* __restrict dw, double* __restrict db) {
+                         scalar_t* __restrict dur, T* __restrict dw, T* __restrict db) {
   T* __restrict gv = buf;
   T* __restrict xhat = buf + d;
   T* __restrict dxhat = buf + 2 * d;
+  T* __restrict xw = buf + 3 * d;  // the row in T: the mean's sum vectorises over it (over bf16 it ran scalar)
+  for (int64_t e = 0; e < d; ++e) xw[e] = static_cast<T>(xr[e]);
   if (wr) {
     for (int64_t e = 0; e < d; ++e) {
       const T keep = static_cast<int32_t>(wr[e]) >= thr ? T(1) : T(0);
@@ -201,14 +206,14 @@ __attribute__((noinline)) void backward_row(const scalar_t* __restrict xr, const
   } else {
     for (int64_t e = 0; e < d; ++e) gv[e] = static_cast<T>(gr[e]);
   }
-  const double md = lane_sum(d, [&](int64_t e) { return static_cast<double>(xr[e]); }) / d;
+  const double md = lane_sum(d, [&](int64_t e) { return static_cast<double>(xw[e]); }) / d;
   const T hi = static_cast<T>(md), lo = static_cast<T>(md - static_cast<double>(hi));
   for (int64_t e = 0; e < d; ++e) {
-    const T xh = ((static_cast<T>(xr[e]) - hi) - lo) * rs;
+    const T xh = ((xw[e] - hi) - lo) * rs;
     const T gl = gv[e] * static_cast<T>(ur[e]);  // dL/d LayerNorm(x)
     dur[e] = static_cast<scalar_t>(gv[e] * (xh * pw[e] + pb[e]));
-    dw[e] += static_cast<double>(gl) * static_cast<double>(xh);
-    db[e] += static_cast<double>(gl);
+    dw[e] += gl * xh;
+    db[e] += gl;
     xhat[e] = xh;
     dxhat[e] = gl * pw[e];
   }
@@ -234,7 +239,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> layer_norm_mul_bwd_im
   auto mean = mean_in.contiguous(), rstd = rstd_in.contiguous();
   auto dx = at::empty_like(x), du = at::empty_like(u);
   const int64_t chunks = std::max<int64_t>(1, (N + GRAIN - 1) / GRAIN);
-  // per chunk: dweight, dbias partial sums, in double (sums over many rows)
+  // per chunk: its dweight, dbias sums, widened to double (the sum over chunks is taken in double)
   auto partial = at::zeros({chunks, 2, d}, x.options().dtype(at::kDouble));
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, x.scalar_type(), "layer_norm_mul_backward", [&] {
     using T = at::opmath_type<scalar_t>;
@@ -244,13 +249,17 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> layer_norm_mul_bwd_im
     scalar_t *pdx = dx.data_ptr<scalar_t>(), *pdu = du.data_ptr<scalar_t>();
     double* pp = partial.data_ptr<double>();
     at::parallel_for(0, chunks, 1, [&](int64_t c0, int64_t c1) {
-      std::vector<T> buf(3 * d);  // per row: the gradient after dropout, x-hat, dL/dx-hat
+      std::vector<T> buf(4 * d);  // per row: the gradient after dropout, x-hat, dL/dx-hat, x in T
+      std::vector<T> sums(2 * d);  // the chunk's dweight, dbias
       for (int64_t c = c0; c < c1; ++c) {
-        double *dw = pp + c * 2 * d, *db = dw + d;
+        T *dw = sums.data(), *db = dw + d;  // this chunk's (at most GRAIN rows), in T
+        std::fill(sums.begin(), sums.end(), T(0));
         for (int64_t r = c * GRAIN; r < std::min(N, (c + 1) * GRAIN); ++r)
           backward_row<scalar_t, T>(px + r * d, pu + r * d, pg + r * d, drop.words ? drop.words + r * d : nullptr,
                                     drop.thr, static_cast<T>(drop.scale), pw, pb, pr[r], d, buf.data(), pdx + r * d,
                                     pdu + r * d, dw, db);
+        double* part = pp + c * 2 * d;  // [dweight | dbias] of the chunk, in double
+        for (int64_t e = 0; e < 2 * d; ++e) part[e] = static_cast<double>(sums[e]);
       }
     });
   });

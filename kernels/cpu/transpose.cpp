@@ -50,10 +50,18 @@ inline void transpose32_16(const uint16_t* x, int64_t lx, uint16_t* out, int64_t
   alignas(64) static const uint16_t even[32] = {0,  2,  4,  6,  8,  10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30,
                                                 32, 34, 36, 38, 40, 42, 44, 46, 48, 50, 52, 54, 56, 58, 60, 62};
   const __m512i ie = _mm512_load_si512(even), io = _mm512_add_epi16(ie, _mm512_set1_epi16(1));
+  // whole aligned cache lines: streamed (no read of the line first, none of the output kept in cache)
+  const bool stream = reinterpret_cast<uintptr_t>(out) % 64 == 0 && lo % 32 == 0;
   for (int w = 0; w < 16; ++w) {
     const __m512i a = _mm512_load_si512(half[0] + 16 * w), b = _mm512_load_si512(half[1] + 16 * w);
-    _mm512_storeu_si512(out + 2 * w * lo, _mm512_permutex2var_epi16(a, ie, b));
-    _mm512_storeu_si512(out + (2 * w + 1) * lo, _mm512_permutex2var_epi16(a, io, b));
+    const __m512i ev = _mm512_permutex2var_epi16(a, ie, b), od = _mm512_permutex2var_epi16(a, io, b);
+    if (stream) {
+      _mm512_stream_si512(reinterpret_cast<__m512i*>(out + 2 * w * lo), ev);
+      _mm512_stream_si512(reinterpret_cast<__m512i*>(out + (2 * w + 1) * lo), od);
+    } else {
+      _mm512_storeu_si512(out + 2 * w * lo, ev);
+      _mm512_storeu_si512(out + (2 * w + 1) * lo, od);
+    }
   }
 }
 
@@ -130,6 +138,9 @@ at::Tensor transpose_copy(const at::Tensor& x_in) {
     scalar_t* op = out.data_ptr<scalar_t>();
     at::parallel_for(0, (m + BAND - 1) / BAND, 1, [&](int64_t b0, int64_t b1) {
       transpose_band(xp, m, n, b0 * BAND, std::min(m, b1 * BAND), op);
+#if GRLIB_VBYTES == 64
+      _mm_sfence();  // the streamed stores visible before the result is used
+#endif
     });
   });
   return out;

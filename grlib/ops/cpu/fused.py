@@ -1,5 +1,5 @@
-"""The compiled fused ops around attention (kernels/cpu/layer_norm_mul.cpp, kernels/cpu/layer_norm.cpp):
-layer_norm_mul, layer_norm_mul_dropout and layer_norm, with their autograd and fake impls."""
+"""The compiled fused ops around attention (kernels/cpu/layer_norm_mul.cpp, layer_norm.cpp, residual_add.cpp):
+layer_norm_mul, layer_norm_mul_dropout, layer_norm and residual_add, with their autograd and fake impls."""
 from __future__ import annotations
 
 import torch
@@ -105,3 +105,24 @@ def layer_norm(x: Tensor, weight: Tensor, bias: Tensor, eps: float, l2_eps: floa
                dtype: torch.dtype | None) -> Tensor:
     """x [N, d] -> LayerNorm(x) (then L2-normalised if l2_eps is given) in `dtype`, one pass per row."""
     return _ops.layer_norm(x, weight, bias, float(eps), None if l2_eps is None else float(l2_eps), dtype)[0]
+
+
+@torch.library.register_fake("grlib::residual_add")
+def _(x, h):
+    return x.new_empty(x.shape)
+
+
+def _setup_residual_add(ctx, inputs, output) -> None:
+    ctx.h_dtype = inputs[1].dtype
+
+
+def _backward_residual_add(ctx, grad: Tensor):
+    return grad, grad.to(ctx.h_dtype)
+
+
+torch.library.register_autograd("grlib::residual_add", _backward_residual_add, setup_context=_setup_residual_add)
+
+
+def residual_add(x: Tensor, h: Tensor) -> Tensor:
+    """x [*] float32 + h [*] -> [*] float32, one pass."""
+    return _ops.residual_add(x, h)
