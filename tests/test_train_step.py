@@ -85,3 +85,27 @@ def test_the_ablation_times_the_trainers_step(smoke, monkeypatch):
     assert set(times) == {v.name for v in vs} and all(t > 0 for t in times.values())
     assert seen == [("Optimizers", ["AdamW", "LazyAdam"])] * (3 * len(vs))
     assert all("negatives" not in b.attachments for b in batches)  # every prepared sample was used
+
+
+@pytest.mark.parametrize("max_norm", [0.0, 0.5, 1e6])
+def test_clip_norm_is_torchs_clip_bit_for_bit(max_norm):
+    """grlib.train.optim.clip_norm returns torch.nn.utils.clip_grad_norm_'s norm and leaves the same
+    gradients: scaled by the same float32 coefficient when over max_norm (0.5 here), untouched under it
+    (1e6), only measured for max_norm 0."""
+    from grlib.train.optim import clip_norm
+
+    g = torch.Generator().manual_seed(0)
+    params = [torch.nn.Parameter(torch.randn(*s, generator=g)) for s in ((7, 5), (13,), (3, 4, 2))]
+    for p in params:
+        p.grad = torch.randn(p.shape, generator=g)
+    twins = [torch.nn.Parameter(p.detach().clone()) for p in params]
+    for t, p in zip(twins, params):
+        t.grad = p.grad.clone()
+    norm = clip_norm(params, max_norm)
+    if max_norm > 0:
+        expected = float(torch.nn.utils.clip_grad_norm_(twins, max_norm))
+    else:
+        expected = float(torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(t.grad) for t in twins])))
+    assert norm == expected and (max_norm != 0.5 or norm > 0.5)
+    for t, p in zip(twins, params):
+        assert torch.equal(t.grad, p.grad)
