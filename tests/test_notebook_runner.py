@@ -142,6 +142,39 @@ def test_cli_shows_progress_when_stderr_is_not_a_terminal(project, tmp_path):
     assert quiet.returncode == 0 and quiet.stderr == "", quiet.stderr
 
 
+def test_kernel_shutdown_sends_no_interrupt_but_interrupts_still_work():
+    """The runner's kernel manager: jupyter_client's shutdown would SIGINT the kernel first, which
+    races ipykernel's last handler into a false "KeyboardInterrupt caught in kernel" line on stderr
+    (the quiet run above saw it in CI). Signals are recorded at the provisioner, on a real kernel."""
+    import asyncio
+    import signal
+
+    async def run() -> tuple[list[int], list[int]]:
+        km = notebooks.kernel_manager_class()(kernel_name="python3")
+        await km.start_kernel()
+        kc = km.client()
+        kc.start_channels()
+        await kc.wait_for_ready(timeout=120)  # a SIGINT during the kernel's imports would kill it
+        sent: list[int] = []
+        send = km.provisioner.send_signal
+
+        async def record(signum: int) -> None:
+            sent.append(signum)
+            await send(signum)
+
+        km.provisioner.send_signal = record
+        await km.interrupt_kernel()  # a plain interrupt still signals
+        before = list(sent)
+        await km.shutdown_kernel()
+        kc.stop_channels()
+        assert not await km.is_alive()
+        return before, sent[len(before):]
+
+    before, during_shutdown = asyncio.run(run())
+    assert before == [signal.SIGINT]
+    assert signal.SIGINT not in during_shutdown, during_shutdown
+
+
 def test_papermill_p_overrides_text_reaches_load_config(tmp_path):
     """The README form `papermill NB OUT -p scale smoke -p overrides '{"model.n_layers": 2}'`: papermill
     passes the value as a string, which load_config / load_ablation parse as a mapping."""
