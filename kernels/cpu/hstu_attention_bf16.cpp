@@ -75,12 +75,17 @@ void pack(const scalar_t* src, int64_t stride, int64_t n, int64_t rows, int64_t 
   std::fill(dst + n * ld, dst + rows * ld, bf(0));
 }
 
-// dst [C, ldd] = src [R, lds]^T for bf16 (R, C: multiples of 32)
+// dst [C, ldd] = src [R, lds]^T for bf16 (R, C: multiples of 32; ldd even). Per 32 x 32 block: rows
+// 2i and 2i + 1 interleaved into 32-bit words (pair_rows: word (i, c) = (src[2i][c], src[2i + 1][c])),
+// which are dst[c][2i], dst[c][2i + 1]: transpose32 moves the words. (Element by element, this was
+// about 60% of the one-pass backward's own time in perf, outside the products and vector passes.)
 void transpose(const bf* src, int64_t lds, int64_t R, int64_t C, bf* dst, int64_t ldd) {
+  alignas(64) bf words[16 * 64];  // [16 row pairs, 32 columns, 2]
   for (int64_t r0 = 0; r0 < R; r0 += 32)
-    for (int64_t c0 = 0; c0 < C; c0 += 32)
-      for (int64_t c = c0; c < c0 + 32; ++c)
-        for (int64_t r = r0; r < r0 + 32; ++r) dst[c * ldd + r] = src[r * lds + c];
+    for (int64_t c0 = 0; c0 < C; c0 += 32) {
+      bf16::pair_rows(src + r0 * lds + c0, lds, 32, 32, words);
+      bf16::transpose32(words, 64, 16, 32, dst + c0 * ldd + r0, ldd);
+    }
 }
 
 // rows [BLK, E] = cols [E, BLK]^T for float32 (E a multiple of 16)
@@ -146,7 +151,9 @@ struct RowBias {
       for (int64_t u = 0; u < P + BLK; ++u) ext[h * W + u] = p.pos[h * P + std::min(P + BLK - 1 - u, P - 1)];
   }
   // the pos terms of the row at distance d0 = i - j0 (nullptr: every entry is the last bucket's, far)
-  const T* pos_row(int64_t h, int64_t d0) const { return d0 <= P + BLK - 1 ? ext.data() + h * W + P + BLK - 1 - d0 : nullptr; }
+  const T* pos_row(int64_t h, int64_t d0) const {
+    return d0 <= P + BLK - 1 ? ext.data() + h * W + P + BLK - 1 - d0 : nullptr;
+  }
 };
 
 // tb[x] = the time term of entries x < valid of a row (keys tsk[x], query time tsi), with the runs for
@@ -235,7 +242,8 @@ struct Row {
         tsk(bias.ts ? bias.ts + j0 : nullptr), tsi(bias.ts ? bias.ts[i] : 0), valid(std::min(nk, i - j0 + 1)) {
     if (!bias.ts || valid <= 0) return;
     if (bias.sorted) {
-      const int64_t first = time_bucket_one(tsk[0] - tsi, bias.Bt), last = time_bucket_one(tsk[valid - 1] - tsi, bias.Bt);
+      const int64_t first = time_bucket_one(tsk[0] - tsi, bias.Bt);
+      const int64_t last = time_bucket_one(tsk[valid - 1] - tsi, bias.Bt);
       if (first == last) {
         tconst = bias.time[first];
         runs.n = 1;

@@ -11,6 +11,7 @@
 #undef GRLIB_HSTU_TASKS_H
 #undef GRLIB_HSTU_TILES_H
 #undef GRLIB_HSTU_BF16_TILES_H
+#undef GRLIB_LANE_SUM_H
 
 #if GRLIB_BUILD_AVX512
 #pragma GCC push_options
@@ -25,6 +26,7 @@
 #undef GRLIB_HSTU_TASKS_H
 #undef GRLIB_HSTU_TILES_H
 #undef GRLIB_HSTU_BF16_TILES_H
+#undef GRLIB_LANE_SUM_H
 #pragma GCC pop_options
 #endif
 
@@ -41,6 +43,7 @@
 #undef GRLIB_HSTU_TASKS_H
 #undef GRLIB_HSTU_TILES_H
 #undef GRLIB_HSTU_BF16_TILES_H
+#undef GRLIB_LANE_SUM_H
 #pragma GCC pop_options
 #endif
 

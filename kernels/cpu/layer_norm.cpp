@@ -26,6 +26,7 @@
 #include <optional>
 #include <vector>
 #include "isa.h"
+#include "lane_sum.h"
 
 #if !defined(GRLIB_ISA_NS)  // once per path (isa.h), then the registrations
 #define GRLIB_ISA_SELF "layer_norm.cpp"
@@ -51,20 +52,6 @@ namespace GRLIB_ISA_NS {
 namespace {
 
 constexpr int64_t GRAIN = 64;  // rows per chunk
-
-// sum_e f(e) for e < d in Acc, over 32 interleaved partial sums (vectorised without -ffast-math)
-template <typename Acc, typename F>
-inline Acc lanes(int64_t d, const F& f) {
-  constexpr int64_t L = 32;
-  Acc acc[L] = {};
-  int64_t e = 0;
-  for (; e + L <= d; e += L)
-    for (int64_t l = 0; l < L; ++l) acc[l] += f(e + l);
-  for (; e < d; ++e) acc[0] += f(e);
-  Acc total = 0;
-  for (int64_t l = 0; l < L; ++l) total += acc[l];
-  return total;
-}
 
 void check(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias, const char* op) {
   TORCH_CHECK(x.device().is_cpu() && weight.device().is_cpu() && bias.device().is_cpu(), op,
@@ -99,22 +86,24 @@ __attribute__((noinline)) void row_xhat(const scalar_t* __restrict xr, double md
   for (int64_t e = 0; e < d; ++e) xh[e] = ((static_cast<T>(xr[e]) - hi) - lo) * rs;
 }
 
-// z = xh * w + b into z [d]; returns 1 / max(||z||, l2_eps) and sets clamped (||z|| < l2_eps).
+// z = xh * w + b into z [d]; returns 1 / max(||z||, l2_eps) (double) and sets clamped (||z|| < l2_eps).
 template <typename T>
-__attribute__((noinline)) T row_z(const T* __restrict xh, const T* __restrict pw, const T* __restrict pb, int64_t d,
-                                  double l2_eps, T* __restrict z, bool& clamped) {
+__attribute__((noinline)) double row_z(const T* __restrict xh, const T* __restrict pw, const T* __restrict pb,
+                                       int64_t d, double l2_eps, T* __restrict z, bool& clamped) {
   for (int64_t e = 0; e < d; ++e) z[e] = xh[e] * pw[e] + pb[e];
-  const double n = std::sqrt(lanes<double>(d, [&](int64_t e) { return static_cast<double>(z[e]) * z[e]; }));
+  const double n = std::sqrt(lane_sum<double>(d, [&](int64_t e) { return static_cast<double>(z[e]) * z[e]; }));
   clamped = n < l2_eps;
-  return static_cast<T>(1.0 / std::max(n, l2_eps));
+  return 1.0 / std::max(n, l2_eps);
 }
 
-// One row of the backward: dx [d] written, dweight, dbias [d] accumulated into the chunk's sums.
+// One row of the backward: dx [d] written, dweight, dbias [d] accumulated into the chunk's sums, in
+// double (each product exact): float sums over a chunk of 64 rows were off by up to 3e-6 at d = 1
+// and 200 rows, where torch's own float32 backward was within 3e-7 of the float64 answer.
 template <typename scalar_t, typename out_t, typename T>
 __attribute__((noinline)) void backward_row(const scalar_t* __restrict xr, const out_t* __restrict gr,
                                             const T* __restrict pw, const T* __restrict pb, double md, T rs,
                                             double l2_eps, int64_t d, T* __restrict buf, scalar_t* __restrict dxr,
-                                            T* __restrict dw, T* __restrict db) {
+                                            double* __restrict dw, double* __restrict db) {
   T* __restrict xh = buf;
   T* __restrict gz = buf + d;     // dL/dz
   T* __restrict z = buf + 2 * d;  // z, then dL/dx-hat
@@ -122,20 +111,23 @@ __attribute__((noinline)) void backward_row(const scalar_t* __restrict xr, const
   for (int64_t e = 0; e < d; ++e) gz[e] = static_cast<T>(gr[e]);
   if (l2_eps > 0) {
     bool clamped = false;
-    const T inv = row_z<T>(xh, pw, pb, d, l2_eps, z, clamped);
-    // g . y with y = z * inv
-    const T dot = clamped ? T(0) : static_cast<T>(lanes<double>(d, [&](int64_t e) {
-      return static_cast<double>(gz[e]) * static_cast<double>(z[e] * inv);
-    }));
-    for (int64_t e = 0; e < d; ++e) gz[e] = (gz[e] - z[e] * inv * dot) * inv;
+    const double inv = row_z<T>(xh, pw, pb, d, l2_eps, z, clamped);
+    // (g - y (g . y)) / n with y = z / n, in double: g - y (g . y) cancels where g is along y (at d = 1,
+    // wholly), and in float its rounding (2 eps |g| per entry) was what was left: dbias off by 6e-6
+    // over 100 rows of d = 1, where torch's backward of F.normalize was off by 1e-6
+    const double dot = clamped ? 0.0 : lane_sum<double>(d, [&](int64_t e) {
+      return static_cast<double>(gz[e]) * (static_cast<double>(z[e]) * inv);
+    });
+    for (int64_t e = 0; e < d; ++e)
+      gz[e] = static_cast<T>((static_cast<double>(gz[e]) - static_cast<double>(z[e]) * inv * dot) * inv);
   }
   for (int64_t e = 0; e < d; ++e) {
-    dw[e] += gz[e] * xh[e];
-    db[e] += gz[e];
+    dw[e] += static_cast<double>(gz[e]) * static_cast<double>(xh[e]);
+    db[e] += static_cast<double>(gz[e]);
     z[e] = gz[e] * pw[e];
   }
-  const T a1 = lanes<T>(d, [&](int64_t e) { return z[e]; }) / static_cast<T>(d);
-  const T a2 = lanes<T>(d, [&](int64_t e) { return z[e] * xh[e]; }) / static_cast<T>(d);
+  const T a1 = lane_sum<T>(d, [&](int64_t e) { return z[e]; }) / static_cast<T>(d);
+  const T a2 = lane_sum<T>(d, [&](int64_t e) { return z[e] * xh[e]; }) / static_cast<T>(d);
   for (int64_t e = 0; e < d; ++e) dxr[e] = static_cast<scalar_t>(rs * (z[e] - a1 - xh[e] * a2));
 }
 
@@ -168,8 +160,8 @@ std::tuple<at::Tensor, at::Tensor> layer_norm_fwd(const at::Tensor& x_in, const 
       std::vector<T> buf(2 * d);  // x-hat, z
       for (int64_t r = r0; r < r1; ++r) {
         const scalar_t* xr = px + r * d;
-        const double md = d ? lanes<double>(d, [&](int64_t e) { return static_cast<double>(xr[e]); }) / d : 0.0;
-        const double var = lanes<double>(d, [&](int64_t e) {
+        const double md = d ? lane_sum<double>(d, [&](int64_t e) { return static_cast<double>(xr[e]); }) / d : 0.0;
+        const double var = lane_sum<double>(d, [&](int64_t e) {
           const double c = static_cast<double>(xr[e]) - md;
           return c * c;
         });
@@ -179,7 +171,7 @@ std::tuple<at::Tensor, at::Tensor> layer_norm_fwd(const at::Tensor& x_in, const 
         out_t* yr = py + r * d;
         if (l2_eps > 0) {
           bool clamped = false;
-          const T inv = row_z<T>(xh, pw, pb, d, l2_eps, z, clamped);
+          const T inv = static_cast<T>(row_z<T>(xh, pw, pb, d, l2_eps, z, clamped));
           for (int64_t e = 0; e < d; ++e) yr[e] = static_cast<out_t>(z[e] * inv);
         } else {
           for (int64_t e = 0; e < d; ++e) yr[e] = static_cast<out_t>(xh[e] * pw[e] + pb[e]);
@@ -207,7 +199,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> layer_norm_bwd(const at::Tensor& 
   auto rstd = rstd_in.contiguous();
   auto dx = at::empty_like(x);
   const int64_t chunks = std::max<int64_t>(1, (N + GRAIN - 1) / GRAIN);
-  auto partial = at::zeros({chunks, 2, d}, x.options().dtype(at::kDouble));  // per chunk: dweight, dbias
+  auto partial = at::empty({chunks, 2, d}, x.options().dtype(at::kDouble));  // per chunk: dweight, dbias
   dispatch(x.scalar_type(), g.scalar_type(), op, [&](auto in_zero, auto out_zero) {
     using scalar_t = decltype(in_zero);
     using out_t = decltype(out_zero);
@@ -219,19 +211,17 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> layer_norm_bwd(const at::Tensor& 
     scalar_t* pdx = dx.data_ptr<scalar_t>();
     double* pp = partial.data_ptr<double>();
     at::parallel_for(0, chunks, 1, [&](int64_t c0, int64_t c1) {
-      std::vector<T> buf(3 * d), sums(2 * d);  // per row: x-hat, dL/dz, z; the chunk's dweight, dbias
+      std::vector<T> buf(3 * d);  // per row: x-hat, dL/dz, z
       for (int64_t c = c0; c < c1; ++c) {
-        T *dw = sums.data(), *db = dw + d;
-        std::fill(sums.begin(), sums.end(), T(0));
+        double *dw = pp + c * 2 * d, *db = dw + d;  // [dweight | dbias] of the chunk
+        std::fill(dw, dw + 2 * d, 0.0);
         for (int64_t r = c * GRAIN; r < std::min(N, (c + 1) * GRAIN); ++r) {
           // the forward's double mean, recomputed
           const scalar_t* xr = px + r * d;
-          const double md = d ? lanes<double>(d, [&](int64_t e) { return static_cast<double>(xr[e]); }) / d : 0.0;
+          const double md = d ? lane_sum<double>(d, [&](int64_t e) { return static_cast<double>(xr[e]); }) / d : 0.0;
           backward_row<scalar_t, out_t, T>(xr, pg + r * d, pw, pb, md, pr[r], l2_eps, d, buf.data(), pdx + r * d,
                                            dw, db);
         }
-        double* part = pp + c * 2 * d;  // [dweight | dbias] of the chunk, in double
-        for (int64_t e = 0; e < 2 * d; ++e) part[e] = static_cast<double>(sums[e]);
       }
     });
   });

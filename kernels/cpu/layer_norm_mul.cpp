@@ -20,6 +20,7 @@
 #include <cmath>
 #include <vector>
 #include "isa.h"
+#include "lane_sum.h"
 
 #if !defined(GRLIB_ISA_NS)  // once per path (isa.h), then the registrations
 #define GRLIB_ISA_SELF "layer_norm_mul.cpp"
@@ -64,20 +65,6 @@ void check(const at::Tensor& x, const at::Tensor& u, const at::Tensor& weight, c
 }
 
 constexpr int64_t GRAIN = 64;  // rows per chunk
-constexpr int64_t LANES = 32;  // independent partial sums: the compiler vectorises the reductions (4 zmm of doubles)
-
-// sum_e f(e) for e < d in double, over LANES interleaved partial sums (no -ffast-math needed).
-template <typename F>
-inline double lane_sum(int64_t d, const F& f) {
-  double acc[LANES] = {};
-  int64_t e = 0;
-  for (; e + LANES <= d; e += LANES)
-    for (int64_t l = 0; l < LANES; ++l) acc[l] += f(e + l);
-  for (; e < d; ++e) acc[0] += f(e);
-  double total = 0;
-  for (int64_t l = 0; l < LANES; ++l) total += acc[l];
-  return total;
-}
 
 }  // namespace
 
@@ -127,8 +114,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> layer_norm_mul_impl(const at::Ten
         const scalar_t* ur = pu + r * d;
         for (int64_t e = 0; e < d; ++e) xw[e] = static_cast<T>(xr[e]);
         // row statistics in double: rows far from zero mean keep their digits
-        const double md = d ? lane_sum(d, [&](int64_t e) { return static_cast<double>(xw[e]); }) / d : 0.0;
-        const double var = lane_sum(d, [&](int64_t e) {
+        const double md = d ? lane_sum<double>(d, [&](int64_t e) { return static_cast<double>(xw[e]); }) / d : 0.0;
+        const double var = lane_sum<double>(d, [&](int64_t e) {
           const double c = static_cast<double>(xw[e]) - md;
           return c * c;
         });
@@ -166,33 +153,21 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> layer_norm_mul_dropout_fwd(
   return layer_norm_mul_impl(x, u, weight, bias, eps, check_drop(words, x, threshold, scale, op), op);
 }
 
-// sum_e f(e) for e < d in T, over 16 interleaved partial sums (vectorised without -ffast-math)
-template <typename T, typename F>
-inline T lane_sum_t(int64_t d, const F& f) {
-  constexpr int64_t L = 16;
-  T acc[L] = {};
-  int64_t e = 0;
-  for (; e + L <= d; e += L)
-    for (int64_t l = 0; l < L; ++l) acc[l] += f(e + l);
-  for (; e < d; ++e) acc[0] += f(e);
-  T total = 0;
-  for (int64_t l = 0; l < L; ++l) total += acc[l];
-  return total;
-}
-
 // Not inlined: inside the caller GCC loses the restrict qualifiers and its runtime alias check sent
-// every row down the scalar loop (3x slower). One row of the backward: dx, du [d] written, dweight and dbias [d] accumulated into the chunk's
-// sums dw, db (in T; the caller adds each chunk's into double). The loops are split so that each
-// one vectorises (restrict pointers, no branch inside): the dropout's backward first (grad * keep *
-// scale, rounded as dropout_words rounds it), then x-hat and the products, the two row sums, dx.
+// every row down the scalar loop (3x slower). One row of the backward: dx, du [d] written, dweight
+// and dbias [d] accumulated into the chunk's sums dw, db (in T; the caller adds each chunk's into
+// double). The loops are split so that each one vectorises (restrict pointers, no branch inside):
+// the dropout's backward first (grad * keep * scale, rounded as dropout_words rounds it), then x-hat
+// and the products, the two row sums, dx.
 // x-hat = (x - mean) * rstd with the mean taken in double and split into two floats (hi + lo): x - hi
 // is exact near the mean, so rows far from zero mean keep their digits (a float mean alone lost them,
 // and dweight summed those errors over every row) while the per-element work stays in float.
 template <typename scalar_t, typename T>
-__attribute__((noinline)) void backward_row(const scalar_t* __restrict xr, const scalar_t* __restrict ur, const scalar_t* __restrict gr,
-                         const int16_t* __restrict wr, int32_t thr, T sc, const T* __restrict pw,
-                         const T* __restrict pb, T rs, int64_t d, T* __restrict buf, scalar_t* __restrict dxr,
-                         scalar_t* __restrict dur, T* __restrict dw, T* __restrict db) {
+__attribute__((noinline)) void backward_row(const scalar_t* __restrict xr, const scalar_t* __restrict ur,
+                                            const scalar_t* __restrict gr, const int16_t* __restrict wr, int32_t thr,
+                                            T sc, const T* __restrict pw, const T* __restrict pb, T rs, int64_t d,
+                                            T* __restrict buf, scalar_t* __restrict dxr, scalar_t* __restrict dur,
+                                            T* __restrict dw, T* __restrict db) {
   T* __restrict gv = buf;
   T* __restrict xhat = buf + d;
   T* __restrict dxhat = buf + 2 * d;
@@ -201,12 +176,13 @@ __attribute__((noinline)) void backward_row(const scalar_t* __restrict xr, const
   if (wr) {
     for (int64_t e = 0; e < d; ++e) {
       const T keep = static_cast<int32_t>(wr[e]) >= thr ? T(1) : T(0);
-      gv[e] = static_cast<T>(static_cast<scalar_t>(static_cast<T>(static_cast<scalar_t>(static_cast<T>(gr[e]) * keep)) * sc));
+      const scalar_t kept = static_cast<scalar_t>(static_cast<T>(gr[e]) * keep);
+      gv[e] = static_cast<T>(static_cast<scalar_t>(static_cast<T>(kept) * sc));
     }
   } else {
     for (int64_t e = 0; e < d; ++e) gv[e] = static_cast<T>(gr[e]);
   }
-  const double md = lane_sum(d, [&](int64_t e) { return static_cast<double>(xw[e]); }) / d;
+  const double md = lane_sum<double>(d, [&](int64_t e) { return static_cast<double>(xw[e]); }) / d;
   const T hi = static_cast<T>(md), lo = static_cast<T>(md - static_cast<double>(hi));
   for (int64_t e = 0; e < d; ++e) {
     const T xh = ((xw[e] - hi) - lo) * rs;
@@ -217,8 +193,8 @@ __attribute__((noinline)) void backward_row(const scalar_t* __restrict xr, const
     xhat[e] = xh;
     dxhat[e] = gl * pw[e];
   }
-  const T a1 = lane_sum_t<T>(d, [&](int64_t e) { return dxhat[e]; }) / static_cast<T>(d);
-  const T a2 = lane_sum_t<T>(d, [&](int64_t e) { return dxhat[e] * xhat[e]; }) / static_cast<T>(d);
+  const T a1 = lane_sum<T, 16>(d, [&](int64_t e) { return dxhat[e]; }) / static_cast<T>(d);
+  const T a2 = lane_sum<T, 16>(d, [&](int64_t e) { return dxhat[e] * xhat[e]; }) / static_cast<T>(d);
   for (int64_t e = 0; e < d; ++e) dxr[e] = static_cast<scalar_t>(rs * (dxhat[e] - a1 - xhat[e] * a2));
 }
 
@@ -240,7 +216,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> layer_norm_mul_bwd_im
   auto dx = at::empty_like(x), du = at::empty_like(u);
   const int64_t chunks = std::max<int64_t>(1, (N + GRAIN - 1) / GRAIN);
   // per chunk: its dweight, dbias sums, widened to double (the sum over chunks is taken in double)
-  auto partial = at::zeros({chunks, 2, d}, x.options().dtype(at::kDouble));
+  auto partial = at::empty({chunks, 2, d}, x.options().dtype(at::kDouble));
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, x.scalar_type(), "layer_norm_mul_backward", [&] {
     using T = at::opmath_type<scalar_t>;
     const auto w = weight.to(acc_type).contiguous(), b = bias.to(acc_type).contiguous();

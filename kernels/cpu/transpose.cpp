@@ -86,8 +86,8 @@ int64_t transpose_band_vec(const T* __restrict x, int64_t m, int64_t n, int64_t 
     cols_done = n / 32 * 32;
     for (int64_t c0 = 0; c0 < cols_done; c0 += 32)
       for (int64_t r = r0; r < rf; r += 32)
-        transpose32_16(reinterpret_cast<const uint16_t*>(x + r * n + c0), n, reinterpret_cast<uint16_t*>(out + c0 * m + r),
-                       m);
+        transpose32_16(reinterpret_cast<const uint16_t*>(x + r * n + c0), n,
+                       reinterpret_cast<uint16_t*>(out + c0 * m + r), m);
     return rf;
   }
   return r0;
