@@ -17,12 +17,13 @@ The projections are grlib.ops.linear (oneDNN on CPU). With model.precision = bf1
 torch.autocast's rules for a linear layer): each projection multiplies bf16 copies of its input and
 of its fp32 weight and bias (oneDNN: bf16 products, fp32 accumulation, bf16 output; the input
 LayerNorm writes its bf16 output directly, rounded once from fp32), so U, V, Q, K
-are bf16 [T, 4d]; the attention kernel reads them and computes in fp32, rounding its output to bf16
-once; LayerNorm(A) * U and its dropout compute in fp32 and round to bf16; the output projection's
-bf16 result joins the fp32 residual stream X. The weight and bias gradients reach the fp32 masters
-through the copies (rounded to bf16 once), the optimizer updates fp32 weights, and the embeddings,
-the input LayerNorm, the final LayerNorm and normalisation, and the loss stay fp32 (the loss's
-precision is negatives.precision). Dropout is grlib.model.dropout.FastDropout
+are bf16 [T, 4d]; the attention kernel multiplies bf16 tiles with fp32 sums on AMX (on
+AVX512-BF16 with GRLIB_DPBF16_ATTENTION=1; elsewhere fp32 tiles; bias and SiLU always in fp32) and
+rounds its output to bf16 once; LayerNorm(A) * U and its dropout compute in fp32 and round to
+bf16; the output projection's bf16 result joins the fp32 residual stream X. The weight and bias
+gradients reach the fp32 masters through the copies (rounded to bf16 once), the optimizer updates
+fp32 weights, and the embeddings, the input LayerNorm, the final LayerNorm and normalisation, and
+the loss stay fp32 (the loss's precision is negatives.precision). Dropout is grlib.model.dropout.FastDropout
 (16-bit random words; nn.Dropout's serial Bernoulli draws took 12% of a laptop training step).
 
 With model.recompute_layers (activation checkpointing, for long sequences at large d: the paper
