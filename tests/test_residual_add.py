@@ -10,6 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from grlib import ops
+from grlib.hardware import isa
 
 
 @settings(max_examples=60, deadline=None)
@@ -48,6 +49,8 @@ def test_residual_add_opcheck_errors_and_dispatch():
         torch.ops.grlib.residual_add(torch.randn(3), torch.randn(3).double())
 
 
+@pytest.mark.skipif(isa.bf16_missing() is not None,
+                    reason=f"a bf16 HSTU layer needs bf16 GEMMs: {isa.bf16_missing()}")
 def test_the_hstu_layer_adds_its_projection_through_residual_add(monkeypatch):
     """In bf16 the layer's output is x + its bf16 projection, summed by residual_add in float32."""
     from grlib.jagged import JaggedBatch
