@@ -173,25 +173,36 @@ def test_matmul_nt_refuses_autograd():
 @given(m=st.sampled_from([0, 1, 2, 15, 16, 17, 31, 32, 33, 63, 64, 65, 130]),
        n=st.sampled_from([0, 1, 7, 16, 31, 32, 33, 63, 64, 65, 256]),
        dtype=st.sampled_from([torch.float32, torch.float64, torch.bfloat16, torch.float16]), strided=st.booleans(),
-       seed=st.integers(0, 2**31 - 1))
-def test_transpose_copy_kernel_equals_reference(m, n, dtype, strided, seed):
+       ones_row=st.booleans(), widen=st.booleans(), seed=st.integers(0, 2**31 - 1))
+def test_transpose_copy_kernel_equals_reference(m, n, dtype, strided, ones_row, widen, seed):
     """The compiled transposing copy (scalar blocks of 16, bands of 64 rows, edges; on the avx512 path
     16 x 16 register blocks of 4-byte and 32 x 32 blocks of 2-byte entries, odd row lengths by the
     scalar blocks) equals x.t().contiguous() bitwise, for contiguous and strided inputs, empty and
-    one-row ones included."""
+    one-row ones included; with ones_row, one more row of ones (the reference concatenates it); bf16
+    widened to float32 (dtype) as it is moved: the same values."""
     g = torch.Generator().manual_seed(seed)
     x = torch.randn(n, m, generator=g).to(dtype).T if strided else torch.randn(m, n, generator=g).to(dtype)
-    got = ops.transpose_copy(x, impl="cpu")
-    assert got.is_contiguous() and got.shape == (n, m)
-    assert torch.equal(got, ops.transpose_copy(x, impl="reference"))
+    to = torch.float32 if widen and dtype == torch.bfloat16 else None
+    got = ops.transpose_copy(x, impl="cpu", ones_row=ones_row, dtype=to)
+    assert got.is_contiguous() and got.shape == (n + ones_row, m) and got.dtype == (to or dtype)
+    want = ops.transpose_copy(x, impl="reference", ones_row=ones_row, dtype=to)
+    assert torch.equal(got, want)
+    assert torch.equal(want[:n], x.t().to(to or dtype)) and (not ones_row or bool((want[n] == 1).all()))
 
 
 def test_transpose_copy_opcheck_and_errors():
     import grlib.ops.cpu.matmul  # noqa: F401  (the fake impl)
 
     torch.library.opcheck(torch.ops.grlib.transpose_copy.default, (torch.randn(37, 19),))
+    torch.library.opcheck(torch.ops.grlib.transpose_copy.default, (torch.randn(37, 19), True))
+    torch.library.opcheck(torch.ops.grlib.transpose_copy.default,
+                          (torch.randn(37, 19).bfloat16(), True, torch.float32))
     with pytest.raises(ValueError, match=r"transpose_copy: x must be 2-D \[M, N\], got \(3, 4, 5\)"):
         ops.transpose_copy(torch.randn(3, 4, 5))
+    for impl in ("cpu", "reference"):
+        with pytest.raises(TypeError, match="transpose_copy: dtype must be x's or, for bfloat16 x, float32; "
+                                            "got torch.float32 -> torch.bfloat16"):
+            ops.transpose_copy(torch.randn(3, 4), impl=impl, dtype=torch.bfloat16)
 
 
 def test_linear_weight_gradient_through_the_kernel_equals_the_strided_copy():
@@ -208,3 +219,41 @@ def test_linear_weight_gradient_through_the_kernel_equals_the_strided_copy():
     exact = dy.double().T @ x.double()  # [160, 96]
     torch.testing.assert_close(wg.grad.double(), exact, rtol=1e-4, atol=1e-5 * (1.0 + float(exact.abs().max())))
     assert torch.equal(wg.grad, _gemm_nt(x.t(), dy.t()).t().contiguous())
+
+
+@pytest.mark.skipif(isa.bf16_missing() is not None, reason=f"no bf16 GEMMs here: {isa.bf16_missing()}")
+@settings(max_examples=30, deadline=None)
+@given(n=st.sampled_from([0, 1, 5, 64, 77]), n_in=st.integers(1, 70), n_out=st.integers(1, 70), bias=st.booleans(),
+       impl=st.sampled_from(["onednn", "reference"]), seed=st.integers(0, 2**31 - 1))
+def test_mixed_precision_linear_equals_the_casts_outside(n, n_in, n_out, bias, impl, seed):
+    """linear(x, w, b, dtype=bf16) with float32 weight and bias (model.precision bf16's projections)
+    gives bitwise the output and gradients of linear(x.to(bf16), w.to(bf16), b.to(bf16)) with the
+    casts' backward (autograd's ToCopyBackward): the float32 weight gradient written by the widening
+    transpose is the bf16 one widened, the bias gradient too; x's gradient comes back in x's dtype."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(n, n_in, generator=g).bfloat16()
+    w, b = torch.randn(n_out, n_in, generator=g), torch.randn(n_out, generator=g) if bias else None
+    dy = torch.randn(n, n_out, generator=g).bfloat16()
+    outs = []
+    for inside in (True, False):
+        leaves = [t.clone().requires_grad_(True) if t is not None else None for t in (x, w, b)]
+        xl, wl, bl = leaves
+        if inside:
+            y = ops.linear(xl, wl, bl, impl=impl, dtype=torch.bfloat16)
+        else:
+            y = ops.linear(xl, wl.to(torch.bfloat16), None if bl is None else bl.to(torch.bfloat16), impl=impl)
+        y.backward(dy)
+        outs.append([y] + [t.grad if t is not None else None for t in leaves])
+    for name, a, e in zip(["y", "dx", "dw", "db"], *outs):
+        if e is None:
+            assert a is None, name
+            continue
+        assert a.dtype == e.dtype and torch.equal(a, e), name
+    assert outs[0][2].dtype == torch.float32 and outs[0][1].dtype == torch.bfloat16
+
+
+def test_mixed_precision_linear_names_bad_dtypes():
+    with pytest.raises(TypeError, match="linear: x, weight and bias must share one dtype \\(or pass dtype=\\)"):
+        ops.linear(torch.randn(3, 4).bfloat16(), torch.randn(5, 4))
+    with pytest.raises(TypeError, match="linear: with dtype=torch.int32, x, weight and bias must be floating point"):
+        ops.linear(torch.randn(3, 4), torch.randn(5, 4), dtype=torch.int32)

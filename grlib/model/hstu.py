@@ -20,8 +20,9 @@ LayerNorm writes its bf16 output directly, rounded once from fp32), so U, V, Q, 
 are bf16 [T, 4d]; the attention kernel multiplies bf16 tiles with fp32 sums on AMX (on
 AVX512-BF16 with GRLIB_DPBF16_ATTENTION=1; elsewhere fp32 tiles; bias and SiLU always in fp32) and
 rounds its output to bf16 once; LayerNorm(A) * U and its dropout compute in fp32 and round to
-bf16; the output projection's bf16 result joins the fp32 residual stream X. The weight and bias
-gradients reach the fp32 masters through the copies (rounded to bf16 once), the optimizer updates
+bf16; the output projection's bf16 result joins the fp32 residual stream X. The casts of the fp32
+weight and bias happen inside the op (grlib.ops.linear's dtype): their gradients are rounded to bf16
+once (the product's output) and written to the fp32 masters' layout widened, the optimizer updates
 fp32 weights, and the embeddings, the input LayerNorm, the final LayerNorm and normalisation, and
 the loss stay fp32 (the loss's precision is negatives.precision). Dropout is grlib.model.dropout.FastDropout
 (16-bit random words; nn.Dropout's serial Bernoulli draws took 12% of a laptop training step).
@@ -69,8 +70,8 @@ class Linear(nn.Linear):
         self.compute_dtype = compute_dtype
 
     def forward(self, x: Tensor) -> Tensor:  # [T, in] -> [T, out] in compute_dtype
-        dt = self.compute_dtype
-        return ops.linear(x.to(dt), self.weight.to(dt), self.bias.to(dt))
+        dt = self.compute_dtype  # the casts inside the op (fp32 weight gradients written directly)
+        return ops.linear(x, self.weight, self.bias, dtype=None if dt == self.weight.dtype == x.dtype else dt)
 
 
 class HSTULayer(nn.Module):

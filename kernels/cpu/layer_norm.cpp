@@ -97,8 +97,9 @@ __attribute__((noinline)) double row_z(const T* __restrict xh, const T* __restri
 }
 
 // One row of the backward: dx [d] written, dweight, dbias [d] accumulated into the chunk's sums, in
-// double (each product exact): float sums over a chunk of 64 rows were off by up to 3e-6 at d = 1
-// and 200 rows, where torch's own float32 backward was within 3e-7 of the float64 answer.
+// double (each product exact): with float sums over a chunk of 64 rows, dbias was 2.75e-6 from the
+// float64 answer at d = 1 and 200 rows (9e-9 with double sums); in tests/test_layer_norm.py's first
+// failing case torch's own float32 backward was within 2.4e-7.
 template <typename scalar_t, typename out_t, typename T>
 __attribute__((noinline)) void backward_row(const scalar_t* __restrict xr, const out_t* __restrict gr,
                                             const T* __restrict pw, const T* __restrict pb, double md, T rs,
@@ -113,8 +114,9 @@ __attribute__((noinline)) void backward_row(const scalar_t* __restrict xr, const
     bool clamped = false;
     const double inv = row_z<T>(xh, pw, pb, d, l2_eps, z, clamped);
     // (g - y (g . y)) / n with y = z / n, in double: g - y (g . y) cancels where g is along y (at d = 1,
-    // wholly), and in float its rounding (2 eps |g| per entry) was what was left: dbias off by 6e-6
-    // over 100 rows of d = 1, where torch's backward of F.normalize was off by 1e-6
+    // wholly), and in float its rounding (2 eps |g| per entry) was what was left: dbias off by 6.35e-6
+    // at 2 rows of d = 1 with bias 0.028 (1 / n = 36), where torch's backward of F.normalize was off
+    // by 9.5e-7
     const double dot = clamped ? 0.0 : lane_sum<double>(d, [&](int64_t e) {
       return static_cast<double>(gz[e]) * (static_cast<double>(z[e]) * inv);
     });
