@@ -12,8 +12,8 @@
 // 16 x 16 blocks moved bf16 [8192, 1536] at about 3.4 GB/s on the 2-core AMX Xeon (14.5 ms).
 // Two things the linear layer's weight gradient needs ride along: a last row of ones (ones_row: the
 // dW product's extra row is db) and bf16 -> float32 (dtype: a bf16 product's dW written in its float32
-// parameter's layout, streamed; [1536, 6144]: 3.1 ms cold against 5.4 for the bf16 copy then torch's
-// cast, the median of 9 on the AMX Xeon).
+// parameter's layout, streamed). In the paper-like bf16 step's profile (docs/MEASUREMENTS.md,
+// 2026-12-06) they removed aten::cat (8.5-8.9 ms) and 6-7 ms of aten::copy_ for 1-2 ms more here.
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 
