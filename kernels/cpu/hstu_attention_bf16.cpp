@@ -55,18 +55,58 @@ struct Carve {
   }
 };
 
+// SiLU's parts for the weights and their gradients, sized for values rounded to bf16 next (relative
+// error u = 2^-9): e = e^-v and r = 1 / (1 + e) = sigmoid(v), so that SiLU(v) = v r and SiLU'(v) =
+// r (1 + v (1 - r)) = r (1 + v e r) (1 - r = e r without the cancellation of 1 - r near r = 1).
+//   e: 2^t, t = min(-v log2 e, 125), as 2^(t - n) by a degree-4 polynomial (fitted for relative error
+//      on [-1/2, 1/2]: 2.7e-6) scaled by 2^n (vscalefps: n = round(t)); the cap keeps r a normal float.
+//   r: vrcp14ps (relative error below 2^-14 = 6.1e-5), no Newton step.
+// Measured over v in [-100, 100] against double (step 5e-5): SiLU within 5.7e-5 relative, SiLU' within
+// 1.1e-4 of the size of its terms, r (1 + |v| (1 - r)); both about 18x below u. Against fast_exp (a
+// degree-5 polynomial, clamps, the exponent by integer shifts) with a Newton step, this is 15 vector
+// operations per 16 weights where that was 30: 4.3 against 6.9 ns per vector in a loop of the forward's
+// weights alone on the AMX Xeon (docs/MEASUREMENTS.md, 2026-12-06).
+struct Silu {
+  V<T> e, r;
+  explicit Silu(const V<T>& v) {
+    const __m512 t = _mm512_min_ps((__m512)(v * T(-1.44269504088896341)), _mm512_set1_ps(125.0f));
+    const V<T> n = (V<T>)_mm512_roundscale_ps(t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    const V<T> f = (V<T>)t - n;
+    V<T> q = T(0.009560519829392433) * f + T(0.05591712146997452);
+    q = q * f + T(0.24024981260299683);
+    q = q * f + T(0.6931219696998596);
+    q = q * f + T(0.9999991655349731);
+    e = (V<T>)_mm512_scalef_ps((__m512)q, (__m512)n);
+    r = (V<T>)_mm512_rcp14_ps((__m512)(e + T(1)));
+  }
+  V<T> value(const V<T>& v) const { return v * r; }                 // SiLU(v)
+  V<T> grad(const V<T>& v) const { return r * (e * r * v + T(1)); }  // SiLU'(v)
+};
+
+// The first n < 16 (or all 16) bf16 of src widened to float32 (zeros past n), and 16 floats rounded to
+// bf16 into dst's first n entries.
+inline __mmask16 first(int64_t n) { return n >= 16 ? __mmask16(0xffff) : __mmask16((1u << n) - 1); }
+inline V<T> widen16(const bf* src, __mmask16 m) {
+  const __m512i w = _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, src));
+  return (V<T>)_mm512_castsi512_ps(_mm512_slli_epi32(w, 16));
+}
+inline void round16(bf* dst, const V<T>& v, __mmask16 m) {
+  _mm256_mask_storeu_epi16(dst, m, (__m256i)_mm512_cvtneps_pbh((__m512)v));
+}
+
 // n rows of a [T, H, D] bf16 tensor (row stride `stride`) -> dst [rows, ld] bf16: copied, or SiLU'd in
 // float32 and rounded when `act`; zero past D and from row n to `rows`.
-void pack(const scalar_t* src, int64_t stride, int64_t n, int64_t rows, int64_t D, int64_t ld, bool act, bf* dst,
-          float* tmp) {
+void pack(const scalar_t* src, int64_t stride, int64_t n, int64_t rows, int64_t D, int64_t ld, bool act, bf* dst) {
   for (int64_t r = 0; r < n; ++r) {
     if (r + PACK_AHEAD < n) __builtin_prefetch(src + (r + PACK_AHEAD) * stride, 0, 3);
     const bf* s = bits(src + r * stride);
     bf* d = dst + r * ld;
-    if (act) {
-      bf16::widen_row(s, tmp, D);
-      silu_row(tmp, tmp, D, T(1));
-      bf16::round_row(tmp, d, D);
+    if (act) {  // SiLU as the weights' (Silu), since the result is rounded to bf16 as theirs are
+      for (int64_t e = 0; e < D; e += LANES<T>) {
+        const __mmask16 m = first(D - e);
+        const V<T> x = widen16(s + e, m);
+        round16(d + e, Silu(x).value(x), m);
+      }
     } else {
       std::memcpy(d, s, D * sizeof(bf));
     }
@@ -95,14 +135,20 @@ void rows_of(const float* cols, int64_t E, float* rows) {
 }
 
 // One gradient row in bf16: dst[e] = scale * val[e] (times SiLU'(pre[e]) for pre-activations), in float32.
-void write_grad_b(scalar_t* dst, const float* val, int64_t n, T scale, const scalar_t* pre, float* tmp) {
-  if (pre) {
-    bf16::widen_row(bits(pre), tmp, n);
-    silu_grad_row(val, tmp, tmp, n, scale);
-  } else {
-    for (int64_t e = 0; e < n; ++e) tmp[e] = scale * val[e];
+void write_grad_b(scalar_t* dst, const float* val, int64_t n, T scale, const scalar_t* pre) {
+  bf* d = reinterpret_cast<bf*>(dst);
+  if (pre) {  // SiLU' as the weights' gradients' (Silu): the result is rounded to bf16
+    for (int64_t e = 0; e < n; e += LANES<T>) {
+      const __mmask16 m = first(n - e);
+      const V<T> x = widen16(bits(pre) + e, m);
+      round16(d + e, scale * (V<T>)_mm512_maskz_loadu_ps(m, val + e) * Silu(x).grad(x), m);
+    }
+    return;
   }
-  bf16::round_row(tmp, reinterpret_cast<bf*>(dst), n);
+  int64_t e = 0;
+  for (; e + LANES<T> <= n; e += LANES<T>)  // one pass
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(d + e), (__m256i)_mm512_cvtneps_pbh((__m512)(vload(val + e) * scale)));
+  for (; e < n; ++e) d[e] = bf16::round1(scale * val[e]);
 }
 
 // A task's bias-gradient partials: the reversed position table and the bucket columns (as the
@@ -154,13 +200,17 @@ struct RowBias {
   const T* pos_row(int64_t h, int64_t d0) const {
     return d0 <= P + BLK - 1 ? ext.data() + h * W + P + BLK - 1 - d0 : nullptr;
   }
+  // BLK entries of the last bucket's term (the far rows' constant, as a row)
+  const T* far_row(int64_t h) const { return ext.data() + h * W; }
 };
 
 // tb[x] = the time term of entries x < valid of a row (keys tsk[x], query time tsi), with the runs for
-// the gradients (runs.n = -1 for unsorted timestamps: entry by entry).
-inline void time_row(const Bias<T>& b, const int64_t* tsk, int64_t tsi, int64_t valid, T* tb, TimeRuns& runs) {
+// the gradients (runs.n = -1 for unsorted timestamps: entry by entry). `found`: the runs are in `runs`
+// already.
+inline void time_row(const Bias<T>& b, const int64_t* tsk, int64_t tsi, int64_t valid, T* tb, TimeRuns& runs,
+                     bool found = false) {
   if (b.sorted) {
-    time_runs(tsk, tsi, 0, valid, b.Bt, runs);
+    if (!found) time_runs(tsk, tsi, 0, valid, b.Bt, runs);
     for (int64_t k = 0; k < runs.n; ++k) {
       const V<T> val = V<T>{} + b.time[runs.run[k].b];
       for_vectors<T>(runs.run[k].x0, runs.run[k].x1, [&](int64_t c, const auto& in) {
@@ -171,14 +221,6 @@ inline void time_row(const Bias<T>& b, const int64_t* tsk, int64_t tsi, int64_t 
     runs.n = -1;
     for (int64_t x = 0; x < valid; ++x) tb[x] = b.time[time_bucket(tsk[x] - tsi, b.Bt)];
   }
-}
-
-// 1 / (1 + e^-v) by a reciprocal estimate (14 bits) and one Newton step (about 2^-27 relative error)
-// instead of a vector division. fast_exp clamps its argument at 88.7, so d stays finite: no NaN.
-inline V<T> sigmoid_v(const V<T>& v) {
-  const V<T> d = T(1) + fast_exp(-v);
-  const V<T> r = (V<T>)_mm512_rcp14_ps((__m512)d);
-  return r * (T(2) - d * r);
 }
 
 // 16 floats -> 16 bf16 (round to nearest even)
@@ -216,6 +258,12 @@ struct TimeLanes {
   }
 };
 
+// alpha s + b in one rounding (an explicit FMA, so that every pass computes a score's pre-activation
+// to the same bits, whatever the compiler contracts)
+inline V<T> scaled(T alpha, const V<T>& s, const V<T>& b) {
+  return (V<T>)_mm512_fmadd_ps(_mm512_set1_ps(alpha), (__m512)s, (__m512)b);
+}
+
 // One score-tile row's bias and its causal keys: what the weights of its entries need (the forward
 // and both backwards share it). pre(c) = alpha s + pos + time for the 16 entries at column c; in(c)
 // marks the keys c < valid (at or before the query).
@@ -236,8 +284,10 @@ struct Row {
   const int64_t* tsk;      // the keys' timestamps, and the query's
   int64_t tsi, valid;
   TimeRuns runs;  // the runs of buckets along the row where need_runs (the bias gradients use them)
-  Row(const Pass<scalar_t>& p_, const Bias<T>& bias, const RowBias& rb, int64_t h, const T* s_, int64_t i,
-      int64_t j0, int64_t nk, T* tb_buf, const TimeLanes& tl, bool need_runs)
+  // (inlined: the passes call it twice a row pair, and need_runs is constant at each call)
+  __attribute__((always_inline)) Row(const Pass<scalar_t>& p_, const Bias<T>& bias, const RowBias& rb, int64_t h,
+                                     const T* s_, int64_t i, int64_t j0, int64_t nk, T* tb_buf, const TimeLanes& tl,
+                                     bool need_runs)
       : p(p_), s(s_), pr(rb.pos_row(h, i - j0)), far(bias.pos[bias.P - 1]), tconst(0), lanes(nullptr), tb(nullptr),
         tsk(bias.ts ? bias.ts + j0 : nullptr), tsi(bias.ts ? bias.ts[i] : 0), valid(std::min(nk, i - j0 + 1)) {
     if (!bias.ts || valid <= 0) return;
@@ -253,13 +303,22 @@ struct Row {
     }
     if (tl.on && !need_runs) {
       lanes = &tl;
+      return;
+    }
+    if (tl.on && bias.sorted) {  // the runs for the gradients, and then the terms:
+      time_runs(tsk, tsi, 0, valid, bias.Bt, runs);
+      if (runs.n > 2) {  // many runs (near the diagonal): lane by lane, where run by run took a pass a run
+        lanes = &tl;     // (time_row: 5.5% of the one-pass backward's samples at 8 x 1,024, 2026-12-06)
+        return;
+      }
+      time_row(bias, tsk, tsi, valid, tb_buf, runs, true);
     } else {
       time_row(bias, tsk, tsi, valid, tb_buf, runs);
-      tb = tb_buf;
     }
+    tb = tb_buf;
   }
   V<T> pre(int64_t c) const {
-    const V<T> v = p.alpha * vload(s + c) + (pr ? vload(pr + c) : V<T>{} + far);
+    const V<T> v = scaled(p.alpha, vload(s + c), pr ? vload(pr + c) : V<T>{} + far);
     if (tb) return v + vload(tb + c);
     return lanes ? v + lanes->at(tsk + c, tsi, valid - c) : v + tconst;
   }
@@ -268,6 +327,20 @@ struct Row {
     const IVec<T>::type lane = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
     return (lane + static_cast<int32_t>(c)) < static_cast<int32_t>(valid);
   }
+};
+
+// A row whose every key through Kk is at or before the query and whose time term is one constant
+// (most rows away from the diagonal): pre(c) = (alpha s + b[c]) + k, Row::pre's arithmetic (the same
+// bits) without its branches and masks.
+struct Plain {
+  const T *s, *b;
+  T k;
+  static bool of(const Row& row, int64_t Kk, const RowBias& rb, int64_t h, Plain& out) {
+    if (row.tb || row.lanes || row.valid < Kk) return false;
+    out = {row.s, row.pr ? row.pr : rb.far_row(h), row.tconst};
+    return true;
+  }
+  V<T> pre(T alpha, int64_t c) const { return scaled(alpha, vload(s + c), vload(b + c)) + k; }
 };
 
 // The weights of a score tile S [query r, key c] (float32, row stride BLK), rounded to bf16 into W [Mq,
@@ -282,12 +355,12 @@ void weights(const T* S, bf* W, int64_t ldw, int64_t i0, int64_t j0, int64_t nq,
     if (row.valid >= Kk) {  // every key of the row is at or before the query (off the diagonal): no mask
       for (int64_t c = 0; c < Kk; c += LANES<T>) {
         const V<T> v = row.pre(c);
-        store_bf16(w + c, v * sigmoid_v(v) * p.inv_n);
+        store_bf16(w + c, Silu(v).value(v) * p.inv_n);
       }
     } else {
       for (int64_t c = 0; c < Kk; c += LANES<T>) {
         const V<T> v = row.pre(c);
-        store_bf16(w + c, row.in(c) ? v * sigmoid_v(v) * p.inv_n : V<T>{});
+        store_bf16(w + c, row.in(c) ? Silu(v).value(v) * p.inv_n : V<T>{});
       }
     }
   }
@@ -312,64 +385,99 @@ struct TileOut {
 
 // The backward of a score tile S [query, key] (the scores, float32) with dW (dL/dweights, float32):
 // per row, the weights and dL/dscores dS = dW SiLU'(pre) / n (zero for c >= valid(r)), written as
-// `out` asks. Two rows at a time, in one vector pass (Row): the pairs come straight from the vectors.
-// dS's float32 rows are written back into dW only for the bias partials.
-void tile_backward(const T* S, T* dW, int64_t i0, int64_t j0, int64_t nq, int64_t nk, int64_t Mq, int64_t Kk,
-                   const Pass<scalar_t>& p, const Bias<T>& bias, const RowBias& rb, int64_t h, const TileOut& out) {
+// `out` asks (the template flags: ACC, DSB, PAIRS for out.acc, out.dSb, out.Wp). Two rows at a time,
+// in one vector pass (Row): the pairs come straight from the vectors; two Plain rows (most of them)
+// without the masks and Row::pre's branches. dS's float32 rows are written back into dW only for the
+// bias partials.
+template <bool ACC, bool DSB, bool PAIRS>
+void tile_backward_t(const T* S, T* dW, int64_t i0, int64_t j0, int64_t nq, int64_t nk, int64_t Mq, int64_t Kk,
+                     const Pass<scalar_t>& p, const Bias<T>& bias, const RowBias& rb, int64_t h, const TileOut& out) {
   alignas(64) static const uint16_t mixing[32] = {0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23,
                                                   8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31};
   const __m512i mix = _mm512_load_si512(mixing);
-  const bool pairs = out.Wp != nullptr;
-  const int64_t rows = pairs ? round_up(nq, 32) : round_up(nq, 2);  // pairs: zero rows through Kq
+  const int64_t rows = PAIRS ? round_up(nq, 32) : round_up(nq, 2);  // pairs: zero rows through Kq
   alignas(64) T tb[2][BLK] = {};
   const TimeLanes tl(bias);
   for (int64_t r = 0; r < rows; r += 2) {
     if (r >= nq) {  // past the tile's queries: zero pairs
-      if (pairs) {
+      if constexpr (PAIRS) {
         std::fill(out.Wp + r * out.Nk, out.Wp + (r + 2) * out.Nk, bf(0));
         std::fill(out.dSp + r * out.Nk, out.dSp + (r + 2) * out.Nk, bf(0));
       }
       continue;
     }
     const bool two = r + 1 < nq;
-    const Row a(p, bias, rb, h, S + r * BLK, i0 + r, j0, nk, tb[0], tl, out.acc != nullptr);
-    const Row b(p, bias, rb, h, S + (r + 1) * BLK, two ? i0 + r + 1 : i0 + r, j0, nk, tb[1], tl, out.acc != nullptr);
+    const Row a(p, bias, rb, h, S + r * BLK, i0 + r, j0, nk, tb[0], tl, ACC);
+    const Row b(p, bias, rb, h, S + (r + 1) * BLK, two ? i0 + r + 1 : i0 + r, j0, nk, tb[1], tl, ACC);
     T* __restrict da = dW + r * BLK;
     T* __restrict db = dW + (r + 1) * BLK;
-    for (int64_t c = 0; c < Kk; c += LANES<T>) {
-      V<T> w[2], g[2];
-      const Row* row[2] = {&a, &b};
-      const T* d[2] = {da, db};
-      for (int t = 0; t < 2; ++t) {
-        if (t == 1 && !two) {
-          w[1] = g[1] = V<T>{};
-          break;
-        }
-        const V<T> v = row[t]->pre(c), sg = sigmoid_v(v);
-        const auto in = row[t]->in(c);
-        w[t] = in ? v * sg * p.inv_n : V<T>{};
-        g[t] = in ? vload(d[t] + c) * sg * (T(1) + v * (T(1) - sg)) * p.inv_n : V<T>{};
-      }
-      if (out.acc) {
+    const auto emit = [&](int64_t c, const V<T>* w, const V<T>* g) {
+      if constexpr (ACC) {
         vstore(da + c, g[0]);
         if (two) vstore(db + c, g[1]);
       }
-      if (out.dSb) {
+      if constexpr (DSB) {
         store_bf16(out.dSb + r * out.ld + c, g[0]);
         if (two) store_bf16(out.dSb + (r + 1) * out.ld + c, g[1]);
       }
-      if (pairs && c < out.Nk) {
-        store_pair(out.Wp + r * out.Nk + 2 * c, w[0], w[1], mix);
-        store_pair(out.dSp + r * out.Nk + 2 * c, g[0], g[1], mix);
+      if constexpr (PAIRS) {
+        if (c < out.Nk) {
+          store_pair(out.Wp + r * out.Nk + 2 * c, w[0], w[1], mix);
+          store_pair(out.dSp + r * out.Nk + 2 * c, g[0], g[1], mix);
+        }
+      }
+    };
+    Plain x, y;
+    if (two && Plain::of(a, Kk, rb, h, x) && Plain::of(b, Kk, rb, h, y)) {
+      for (int64_t c = 0; c < Kk; c += LANES<T>) {
+        const V<T> u = x.pre(p.alpha, c), v = y.pre(p.alpha, c);
+        const Silu su(u), sv(v);
+        const V<T> w[2] = {su.value(u) * p.inv_n, sv.value(v) * p.inv_n};
+        const V<T> g[2] = {vload(da + c) * su.grad(u) * p.inv_n, vload(db + c) * sv.grad(v) * p.inv_n};
+        emit(c, w, g);
+      }
+    } else {
+      for (int64_t c = 0; c < Kk; c += LANES<T>) {
+        V<T> w[2], g[2];
+        const Row* row[2] = {&a, &b};
+        const T* d[2] = {da, db};
+        for (int t = 0; t < 2; ++t) {
+          if (t == 1 && !two) {
+            w[1] = g[1] = V<T>{};
+            break;
+          }
+          const V<T> v = row[t]->pre(c);
+          const Silu sg(v);
+          const auto in = row[t]->in(c);
+          w[t] = in ? sg.value(v) * p.inv_n : V<T>{};
+          g[t] = in ? vload(d[t] + c) * sg.grad(v) * p.inv_n : V<T>{};
+        }
+        emit(c, w, g);
       }
     }
-    if (out.acc) {
+    if constexpr (ACC) {
       out.acc->add(da, i0 + r, j0, a.valid, a.tsk, a.tsi, a.runs);
       if (two) out.acc->add(db, i0 + r + 1, j0, b.valid, b.tsk, b.tsi, b.runs);
     }
   }
-  if (out.dSb)
+  if constexpr (DSB)
     for (int64_t r = nq; r < Mq; ++r) std::fill(out.dSb + r * out.ld, out.dSb + r * out.ld + Kk, bf(0));
+}
+
+// tile_backward_t for the outputs the passes ask for: every one (the one-pass backward), dS rows and
+// the bias partials (the dq pass), the pairs (the dk/dv pass).
+void tile_backward(const T* S, T* dW, int64_t i0, int64_t j0, int64_t nq, int64_t nk, int64_t Mq, int64_t Kk,
+                   const Pass<scalar_t>& p, const Bias<T>& bias, const RowBias& rb, int64_t h, const TileOut& out) {
+  const bool acc = out.acc != nullptr, dsb = out.dSb != nullptr, pairs = out.Wp != nullptr;
+  if (acc && dsb && pairs)
+    tile_backward_t<true, true, true>(S, dW, i0, j0, nq, nk, Mq, Kk, p, bias, rb, h, out);
+  else if (acc && dsb && !pairs)
+    tile_backward_t<true, true, false>(S, dW, i0, j0, nq, nk, Mq, Kk, p, bias, rb, h, out);
+  else if (!acc && !dsb && pairs)
+    tile_backward_t<false, false, true>(S, dW, i0, j0, nq, nk, Mq, Kk, p, bias, rb, h, out);
+  else
+    TORCH_CHECK(false, "tile_backward: no pass asks for these outputs (acc ", acc, ", dS rows ", dsb, ", pairs ",
+                pairs, ")");
 }
 
 struct Sizes {
@@ -382,9 +490,9 @@ struct Sizes {
 // dO V^T); Kb, Vb the packed rows.
 struct KeyTile {
   bf *Kb, *Vb, *KT, *KP, *VT;
-  void pack(const Args& a, const Sizes& z, int64_t row0, int64_t h, int64_t nk, float* tmp) {
-    hstu::pack(a.k.data_ptr<scalar_t>() + row0 * a.rk + h * z.D, a.rk, nk, BLK, z.D, z.Dk, a.act, Kb, tmp);
-    hstu::pack(a.v.data_ptr<scalar_t>() + row0 * a.rv + h * z.Dv, a.rv, nk, BLK, z.Dv, z.Dvk, a.act, Vb, tmp);
+  void pack(const Args& a, const Sizes& z, int64_t row0, int64_t h, int64_t nk) {
+    hstu::pack(a.k.data_ptr<scalar_t>() + row0 * a.rk + h * z.D, a.rk, nk, BLK, z.D, z.Dk, a.act, Kb);
+    hstu::pack(a.v.data_ptr<scalar_t>() + row0 * a.rv + h * z.Dv, a.rv, nk, BLK, z.Dv, z.Dvk, a.act, Vb);
     bf16::transpose32(Kb, z.Dk, BLK, z.Dk / 2, KT, 2 * BLK);
     if (KP) bf16::pair_rows(Kb, z.Dk, BLK, z.Dk, KP);
     bf16::transpose32(Vb, z.Dvk, BLK, z.Dvk / 2, VT, 2 * BLK);
@@ -404,11 +512,11 @@ at::Tensor forward_impl(const Args& a, double alpha_in) {
   const ForwardTasks ft = forward_tasks(p.o, a.B, a.H);
   const std::vector<Task>& tasks = ft.tasks;
   const int64_t workers = p.workers(tasks.size()), Lp = round_up(longest_sequence(p.o, a.B), BLK);
-  const int64_t per = Carve::floats({BLK * BLK, BLK * z.Dvk, z.X},
+  const int64_t per = Carve::floats({BLK * BLK, BLK * z.Dvk},
                                     {Lp * z.Dk, Lp * z.Dk, Lp * z.Dvk, Lp * z.Dvk, BLK * z.Dk, BLK * Lp});
   run_tasks(tasks, workers, [&](int64_t, const Task& t) {
     Carve cv{thread_scratch<float>(per)};
-    T *S = cv.f32(BLK * BLK), *O = cv.f32(BLK * z.Dvk), *tmp = cv.f32(z.X);
+    T *S = cv.f32(BLK * BLK), *O = cv.f32(BLK * z.Dvk);
     // KT [Lp / BLK, Dk / 2, BLK, 2]: each key tile's features in pairs; W [Lp / BLK, BLK, BLK]: a query
     // tile's weights of every key, by key tile (blocks of 64 columns: Gemm::blocked)
     bf *Kb = cv.b16(Lp * z.Dk), *KT = cv.b16(Lp * z.Dk), *Vb = cv.b16(Lp * z.Dvk), *VP = cv.b16(Lp * z.Dvk);
@@ -418,14 +526,14 @@ at::Tensor forward_impl(const Args& a, double alpha_in) {
     const int64_t keys = std::min(L, tile1 * BLK), Kr = round_up(keys, BLK);
     const Bias<T> bias = p.bias(t.b, t.h);
     gemm.begin();
-    pack(k + base * a.rk + t.h * z.D, a.rk, keys, Kr, z.D, z.Dk, a.act, Kb, tmp);
+    pack(k + base * a.rk + t.h * z.D, a.rk, keys, Kr, z.D, z.Dk, a.act, Kb);
     for (int64_t j0 = 0; j0 < Kr; j0 += BLK)
       bf16::transpose32(Kb + j0 * z.Dk, z.Dk, BLK, z.Dk / 2, KT + j0 * z.Dk, 2 * BLK);
-    pack(v + base * a.rv + t.h * z.Dv, a.rv, keys, Kr, z.Dv, z.Dvk, a.act, Vb, tmp);
+    pack(v + base * a.rv + t.h * z.Dv, a.rv, keys, Kr, z.Dv, z.Dvk, a.act, Vb);
     bf16::pair_rows(Vb, z.Dvk, Kr, z.Dvk, VP);  // VP [Kr / 2, Dvk, 2]
     for (int64_t i0 = tile0 * BLK; i0 < tile1 * BLK; i0 += BLK) {
       const int64_t nq = std::min(BLK, L - i0), Mq = round_up(nq, 16);
-      pack(q + (base + i0) * a.rq + t.h * z.D, a.rq, nq, Mq, z.D, z.Dk, a.act, Qb, tmp);
+      pack(q + (base + i0) * a.rq + t.h * z.D, a.rq, nq, Mq, z.D, z.Dk, a.act, Qb);
       for (int64_t j0 = 0; j0 < i0 + nq; j0 += BLK) {
         const int64_t nk = std::min(BLK, i0 + nq - j0), Nk = round_up(nk, 16), Kk = round_up(nk, 32);
         gemm(Mq, Nk, z.Dk, Qb, z.Dk, KT + j0 * z.Dk, 2 * BLK, S, BLK, false);  // S [query, key] = q . k
@@ -446,7 +554,7 @@ at::Tensor forward_impl(const Args& a, double alpha_in) {
 
 // Writes a key tile's dK (from dK^T, times alpha) and dV (from dV^T) rows.
 struct KeyGrads {
-  T *dKT, *dVT, *rows, *tmp;
+  T *dKT, *dVT, *rows;
   void clear(const Sizes& z) {
     std::fill(dKT, dKT + z.Dk * BLK, T(0));
     std::fill(dVT, dVT + z.Dvk * BLK, T(0));
@@ -459,21 +567,21 @@ struct KeyGrads {
     rows_of(dKT, z.Dk, rows);
     for (int64_t c = 0; c < nk; ++c)
       write_grad_b(gk + (row0 + c) * ok + h * z.D, rows + c * z.Dk, z.D, p.alpha,
-                   a.act ? k + (row0 + c) * a.rk + h * z.D : nullptr, tmp);
+                   a.act ? k + (row0 + c) * a.rk + h * z.D : nullptr);
     rows_of(dVT, z.Dvk, rows);
     for (int64_t c = 0; c < nk; ++c)
       write_grad_b(gv + (row0 + c) * ov + h * z.Dv, rows + c * z.Dvk, z.Dv, T(1),
-                   a.act ? v + (row0 + c) * a.rv + h * z.Dv : nullptr, tmp);
+                   a.act ? v + (row0 + c) * a.rv + h * z.Dv : nullptr);
   }
 };
 
 void write_dq(const Args& a, const Sizes& z, const Pass<scalar_t>& p, const T* dQ, int64_t row0, int64_t h,
-              int64_t n, at::Tensor& dq, float* tmp) {
+              int64_t n, at::Tensor& dq) {
   const scalar_t* q = a.q.data_ptr<scalar_t>();
   scalar_t* gq = dq.data_ptr<scalar_t>();
   for (int64_t r = 0; r < n; ++r)
     write_grad_b(gq + (row0 + r) * dq.stride(0) + h * z.D, dQ + r * z.Dk, z.D, p.alpha,
-                 a.act ? q + (row0 + r) * a.rq + h * z.D : nullptr, tmp);
+                 a.act ? q + (row0 + r) * a.rq + h * z.D : nullptr);
 }
 
 // One pass per (sequence, head) (the float32 backward_single's order of tiles).
@@ -491,14 +599,14 @@ void backward_single(const Args& a, double alpha_in, const at::Tensor& grad, at:
   // [Lp, Lp] (every tile pair's dS, for dQ after the key tiles); W and dS of a key tile against every
   // query after it, in pairs of query rows [Lp / 2, BLK, 2]; the key tile (KeyTile)
   const int64_t per = Carve::floats(
-      {Lp * z.Dk, z.Dk * BLK, z.Dvk * BLK, BLK * z.X, z.X, BLK * BLK, BLK * BLK, (a.Bt + 1) * BLK, a.P},
+      {Lp * z.Dk, z.Dk * BLK, z.Dvk * BLK, BLK * z.X, BLK * BLK, BLK * BLK, (a.Bt + 1) * BLK, a.P},
       {Lp * z.Dk, z.Dk * Lp, Lp * z.Dvk, z.Dvk * Lp, Lp * z.Dk, Lp * Lp, Lp * BLK, Lp * BLK, BLK * z.Dk,
        BLK * z.Dvk, BLK * z.Dk, BLK * z.Dvk});
   BiasGrads<T> bias_grads(tasks.size(), a.P, a.Bt);
   run_tasks(tasks, workers, [&](int64_t, const Task& t) {
     Carve cv{thread_scratch<float>(per)};
     T* dQ = cv.f32(Lp * z.Dk);
-    KeyGrads kg{cv.f32(z.Dk * BLK), cv.f32(z.Dvk * BLK), cv.f32(BLK * z.X), cv.f32(z.X)};
+    KeyGrads kg{cv.f32(z.Dk * BLK), cv.f32(z.Dvk * BLK), cv.f32(BLK * z.X)};
     T *S = cv.f32(BLK * BLK), *dW = cv.f32(BLK * BLK);
     const int64_t task = &t - tasks.data();
     BiasAcc acc{a, {cv.f32((a.Bt + 1) * BLK), a.Bt + 1}, cv.f32(a.P), bias_grads.pos(task), bias_grads.time(task)};
@@ -511,8 +619,8 @@ void backward_single(const Args& a, double alpha_in, const at::Tensor& grad, at:
     const int64_t base = p.o[t.b], L = p.o[t.b + 1] - base, Lr = round_up(L, BLK);
     const Bias<T> bias = p.bias(t.b, t.h);
     gemm.begin();
-    pack(q + base * a.rq + t.h * z.D, a.rq, L, Lr, z.D, z.Dk, a.act, Qb, kg.tmp);
-    pack(g + base * rg + t.h * z.Dv, rg, L, Lr, z.Dv, z.Dvk, false, dOb, kg.tmp);
+    pack(q + base * a.rq + t.h * z.D, a.rq, L, Lr, z.D, z.Dk, a.act, Qb);
+    pack(g + base * rg + t.h * z.Dv, rg, L, Lr, z.Dv, z.Dvk, false, dOb);
     for (int64_t i0 = 0; i0 < Lr; i0 += BLK) {
       transpose(Qb + i0 * z.Dk, z.Dk, BLK, z.Dk, QT + i0 * z.Dk, BLK);
       transpose(dOb + i0 * z.Dvk, z.Dvk, BLK, z.Dvk, dOT + i0 * z.Dvk, BLK);
@@ -520,7 +628,7 @@ void backward_single(const Args& a, double alpha_in, const at::Tensor& grad, at:
     for (int64_t j0 = 0; j0 < L; j0 += BLK) {
       const int64_t nk = std::min(BLK, L - j0), Nk = round_up(nk, 16), Kk = round_up(nk, 32);
       kt.KP = KP + j0 * z.Dk;  // key rows j0 .. j0 + BLK in pairs
-      kt.pack(a, z, base + j0, t.h, nk, kg.tmp);
+      kt.pack(a, z, base + j0, t.h, nk);
       for (int64_t i0 = j0; i0 < L; i0 += BLK) {
         const int64_t nq = std::min(BLK, L - i0), Mq = round_up(nq, 16);
         gemm(Mq, Nk, z.Dk, Qb + i0 * z.Dk, z.Dk, kt.KT, 2 * BLK, S, BLK, false);     // S = q . k
@@ -539,7 +647,7 @@ void backward_single(const Args& a, double alpha_in, const at::Tensor& grad, at:
       gemm.blocked(round_up(nq, 16), z.Dk, round_up(i0 + nq, 32), dS + i0 * BLK, BLK, Lp * BLK, KP, 2 * z.Dk,
                    dQ + i0 * z.Dk, z.Dk, false);
     }
-    write_dq(a, z, p, dQ, base, t.h, L, dq, kg.tmp);
+    write_dq(a, z, p, dQ, base, t.h, L, dq);
     acc.flush();
     gemm.end();
   });
@@ -556,13 +664,13 @@ void backward_dq(const Args& a, double alpha_in, const at::Tensor& grad, at::Ten
   const int64_t rg = grad.stride(0);
   const auto tasks = make_tasks(p.o, a.B, a.H, /*by_key=*/false);
   const int64_t workers = p.workers(tasks.size());
-  const int64_t per = Carve::floats({BLK * z.Dk, z.X, BLK * BLK, BLK * BLK, (a.Bt + 1) * BLK, a.P},
+  const int64_t per = Carve::floats({BLK * z.Dk, BLK * BLK, BLK * BLK, (a.Bt + 1) * BLK, a.P},
                                     {BLK * z.Dk, BLK * z.Dvk, BLK * z.Dk, BLK * z.Dvk, BLK * z.Dk, BLK * z.Dk,
                                      BLK * z.Dvk, BLK * BLK});
   BiasGrads<T> bias_grads(tasks.size(), a.P, a.Bt);
   run_tasks(tasks, workers, [&](int64_t, const Task& t) {
     Carve cv{thread_scratch<float>(per)};
-    T *dQ = cv.f32(BLK * z.Dk), *tmp = cv.f32(z.X), *S = cv.f32(BLK * BLK), *dW = cv.f32(BLK * BLK);
+    T *dQ = cv.f32(BLK * z.Dk), *S = cv.f32(BLK * BLK), *dW = cv.f32(BLK * BLK);
     const int64_t task = &t - tasks.data();
     BiasAcc acc{a, {cv.f32((a.Bt + 1) * BLK), a.Bt + 1}, cv.f32(a.P), bias_grads.pos(task), bias_grads.time(task)};
     bf *Qb = cv.b16(BLK * z.Dk), *dOb = cv.b16(BLK * z.Dvk);
@@ -573,12 +681,12 @@ void backward_dq(const Args& a, double alpha_in, const at::Tensor& grad, at::Ten
     const int64_t Mq = round_up(nq, 16);
     const Bias<T> bias = p.bias(t.b, t.h);
     gemm.begin();
-    pack(q + (base + i0) * a.rq + t.h * z.D, a.rq, nq, Mq, z.D, z.Dk, a.act, Qb, tmp);
-    pack(g + (base + i0) * rg + t.h * z.Dv, rg, nq, Mq, z.Dv, z.Dvk, false, dOb, tmp);
+    pack(q + (base + i0) * a.rq + t.h * z.D, a.rq, nq, Mq, z.D, z.Dk, a.act, Qb);
+    pack(g + (base + i0) * rg + t.h * z.Dv, rg, nq, Mq, z.Dv, z.Dvk, false, dOb);
     std::fill(dQ, dQ + Mq * z.Dk, T(0));
     for (int64_t j0 = 0; j0 < i0 + nq; j0 += BLK) {
       const int64_t nk = std::min(BLK, i0 + nq - j0), Nk = round_up(nk, 16), Kk = round_up(nk, 32);
-      kt.pack(a, z, base + j0, t.h, nk, tmp);
+      kt.pack(a, z, base + j0, t.h, nk);
       gemm(Mq, Nk, z.Dk, Qb, z.Dk, kt.KT, 2 * BLK, S, BLK, false);
       gemm(Mq, Nk, z.Dvk, dOb, z.Dvk, kt.VT, 2 * BLK, dW, BLK, false);
       TileOut o;
@@ -586,7 +694,7 @@ void backward_dq(const Args& a, double alpha_in, const at::Tensor& grad, at::Ten
       tile_backward(S, dW, i0, j0, nq, nk, Mq, Kk, p, bias, rb, t.h, o);
       gemm(Mq, z.Dk, Kk, dSb, BLK, kt.KP, 2 * z.Dk, dQ, z.Dk, true);  // dQ += dS K_j
     }
-    write_dq(a, z, p, dQ, base + i0, t.h, nq, dq, tmp);
+    write_dq(a, z, p, dQ, base + i0, t.h, nq, dq);
     acc.flush();
     gemm.end();
   });
@@ -603,12 +711,12 @@ void backward_dkv(const Args& a, double alpha_in, const at::Tensor& grad, at::Te
   const int64_t rg = grad.stride(0);
   const auto tasks = make_tasks(p.o, a.B, a.H, /*by_key=*/true);
   const int64_t workers = p.workers(tasks.size());
-  const int64_t per = Carve::floats({z.Dk * BLK, z.Dvk * BLK, BLK * z.X, z.X, BLK * BLK, BLK * BLK},
+  const int64_t per = Carve::floats({z.Dk * BLK, z.Dvk * BLK, BLK * z.X, BLK * BLK, BLK * BLK},
                                     {BLK * z.Dk, z.Dk * BLK, BLK * z.Dvk, z.Dvk * BLK, BLK * z.Dk, BLK * z.Dvk,
                                      BLK * z.Dk, BLK * z.Dvk, BLK * BLK, BLK * BLK});
   run_tasks(tasks, workers, [&](int64_t, const Task& t) {
     Carve cv{thread_scratch<float>(per)};
-    KeyGrads kg{cv.f32(z.Dk * BLK), cv.f32(z.Dvk * BLK), cv.f32(BLK * z.X), cv.f32(z.X)};
+    KeyGrads kg{cv.f32(z.Dk * BLK), cv.f32(z.Dvk * BLK), cv.f32(BLK * z.X)};
     T *S = cv.f32(BLK * BLK), *dW = cv.f32(BLK * BLK);
     bf *Qb = cv.b16(BLK * z.Dk), *QT = cv.b16(z.Dk * BLK), *dOb = cv.b16(BLK * z.Dvk), *dOT = cv.b16(z.Dvk * BLK);
     KeyTile kt{cv.b16(BLK * z.Dk), cv.b16(BLK * z.Dvk), cv.b16(BLK * z.Dk), nullptr, cv.b16(BLK * z.Dvk)};
@@ -617,13 +725,13 @@ void backward_dkv(const Args& a, double alpha_in, const at::Tensor& grad, at::Te
     const int64_t Nk = round_up(nk, 16), Kk = round_up(nk, 32);
     const Bias<T> bias = p.bias(t.b, t.h);
     gemm.begin();
-    kt.pack(a, z, base + j0, t.h, nk, kg.tmp);
+    kt.pack(a, z, base + j0, t.h, nk);
     kg.clear(z);
     for (int64_t i0 = j0; i0 < L; i0 += BLK) {
       const int64_t nq = std::min(BLK, L - i0), Mq = round_up(nq, 16), Kq = round_up(nq, 32);
-      pack(q + (base + i0) * a.rq + t.h * z.D, a.rq, nq, BLK, z.D, z.Dk, a.act, Qb, kg.tmp);
+      pack(q + (base + i0) * a.rq + t.h * z.D, a.rq, nq, BLK, z.D, z.Dk, a.act, Qb);
       transpose(Qb, z.Dk, BLK, z.Dk, QT, BLK);
-      pack(g + (base + i0) * rg + t.h * z.Dv, rg, nq, BLK, z.Dv, z.Dvk, false, dOb, kg.tmp);
+      pack(g + (base + i0) * rg + t.h * z.Dv, rg, nq, BLK, z.Dv, z.Dvk, false, dOb);
       transpose(dOb, z.Dvk, BLK, z.Dvk, dOT, BLK);
       gemm(Mq, Nk, z.Dk, Qb, z.Dk, kt.KT, 2 * BLK, S, BLK, false);
       gemm(Mq, Nk, z.Dvk, dOb, z.Dvk, kt.VT, 2 * BLK, dW, BLK, false);
