@@ -205,12 +205,10 @@ struct RowBias {
 };
 
 // tb[x] = the time term of entries x < valid of a row (keys tsk[x], query time tsi), with the runs for
-// the gradients (runs.n = -1 for unsorted timestamps: entry by entry). `found`: the runs are in `runs`
-// already.
-inline void time_row(const Bias<T>& b, const int64_t* tsk, int64_t tsi, int64_t valid, T* tb, TimeRuns& runs,
-                     bool found = false) {
+// the gradients (runs.n = -1 for unsorted timestamps: entry by entry).
+inline void time_row(const Bias<T>& b, const int64_t* tsk, int64_t tsi, int64_t valid, T* tb, TimeRuns& runs) {
   if (b.sorted) {
-    if (!found) time_runs(tsk, tsi, 0, valid, b.Bt, runs);
+    time_runs(tsk, tsi, 0, valid, b.Bt, runs);
     for (int64_t k = 0; k < runs.n; ++k) {
       const V<T> val = V<T>{} + b.time[runs.run[k].b];
       for_vectors<T>(runs.run[k].x0, runs.run[k].x1, [&](int64_t c, const auto& in) {
@@ -245,17 +243,43 @@ struct TimeLanes {
     cap = _mm512_set1_pd(static_cast<double>(b.Bt - 1));
     on = true;
   }
-  // the time terms of keys tsk[0, 16) against the query time tsi; keys from n on are not read (zero)
-  V<T> at(const int64_t* tsk, int64_t tsi, int64_t n) const {
+  // the buckets (int32) of keys tsk[0, 16) against the query time tsi; keys from n on are not read (zero)
+  __m512i buckets(const int64_t* tsk, int64_t tsi, int64_t n) const {
     const __m512i ti = _mm512_set1_epi64(tsi), one = _mm512_set1_epi64(1);
     const auto bucket = [&](int64_t k, const int64_t* p) {  // 8 keys' buckets, int32
       const __mmask8 m = k >= 8 ? 0xff : k <= 0 ? 0 : static_cast<__mmask8>((1u << k) - 1);
       const __m512i d = _mm512_add_epi64(_mm512_abs_epi64(_mm512_sub_epi64(ti, _mm512_maskz_loadu_epi64(m, p))), one);
       return _mm512_cvttpd_epi32(_mm512_min_pd(_mm512_getexp_pd(_mm512_cvtepi64_pd(d)), cap));
     };
-    const __m512i idx = _mm512_inserti64x4(_mm512_castsi256_si512(bucket(n, tsk)), bucket(n - 8, tsk + 8), 1);
-    return (V<T>)_mm512_permutex2var_ps(lo, idx, hi);
+    return _mm512_inserti64x4(_mm512_castsi256_si512(bucket(n, tsk)), bucket(n - 8, tsk + 8), 1);
   }
+  // their time terms
+  V<T> at(const int64_t* tsk, int64_t tsi, int64_t n) const {
+    return (V<T>)_mm512_permutex2var_ps(lo, buckets(tsk, tsi, n), hi);
+  }
+  // time_runs' runs of keys [0, valid) (sorted timestamps), found 16 keys at a time: a run starts where a
+  // lane's bucket differs from the lane before it (the starts compressed out of the lanes), where
+  // time_runs computed every bucket and compacted the starts entry by entry (4.6% of the one-pass
+  // backward's samples at 8 x 1,024 with the rows of many runs, 2026-12-06)
+  void runs(const int64_t* tsk, int64_t tsi, int64_t valid, TimeRuns& out) const {
+    alignas(64) int32_t start[BLK + 16], bucket[BLK + 16];
+    const __m512i lane = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    __m512i before = _mm512_set1_epi32(-1);  // no bucket is -1: the first key starts a run
+    int64_t n = 0;
+    for (int64_t c = 0; c < valid; c += 16) {
+      const __m512i b = buckets(tsk + c, tsi, valid - c);
+      const __m512i prev = _mm512_alignr_epi32(b, before, 15);  // lane x: the bucket of key c + x - 1
+      const __mmask16 m = _mm512_cmpneq_epi32_mask(b, prev) & first_lanes(valid - c);
+      _mm512_mask_compressstoreu_epi32(start + n, m, _mm512_add_epi32(lane, _mm512_set1_epi32(static_cast<int32_t>(c))));
+      _mm512_mask_compressstoreu_epi32(bucket + n, m, b);
+      n += __builtin_popcount(m);
+      before = b;
+    }
+    start[n] = static_cast<int32_t>(valid);
+    for (int64_t r = 0; r < n; ++r) out.run[r] = {start[r], start[r + 1], bucket[r]};
+    out.n = n;
+  }
+  static __mmask16 first_lanes(int64_t n) { return n >= 16 ? __mmask16(0xffff) : __mmask16((1u << n) - 1); }
 };
 
 // alpha s + b in one rounding (an explicit FMA, so that every pass computes a score's pre-activation
@@ -291,9 +315,10 @@ struct Row {
       : p(p_), s(s_), pr(rb.pos_row(h, i - j0)), far(bias.pos[bias.P - 1]), tconst(0), lanes(nullptr), tb(nullptr),
         tsk(bias.ts ? bias.ts + j0 : nullptr), tsi(bias.ts ? bias.ts[i] : 0), valid(std::min(nk, i - j0 + 1)) {
     if (!bias.ts || valid <= 0) return;
+    int64_t first = 0, last = 0;
     if (bias.sorted) {
-      const int64_t first = time_bucket_one(tsk[0] - tsi, bias.Bt);
-      const int64_t last = time_bucket_one(tsk[valid - 1] - tsi, bias.Bt);
+      first = time_bucket_one(tsk[0] - tsi, bias.Bt);
+      last = time_bucket_one(tsk[valid - 1] - tsi, bias.Bt);
       if (first == last) {
         tconst = bias.time[first];
         runs.n = 1;
@@ -301,20 +326,15 @@ struct Row {
         return;
       }
     }
-    if (tl.on && !need_runs) {
+    if (tl.on && (!need_runs || (bias.sorted && first - last != 1 && last - first != 1))) {
+      // more than two runs (near the diagonal) where the gradients need them: found lane by lane, and the
+      // terms too, where time_row found the runs entry by entry and added the terms a pass a run
+      // (time_row: 5.5% of the one-pass backward's samples at 8 x 1,024, 2026-12-06)
+      if (need_runs) tl.runs(tsk, tsi, valid, runs);
       lanes = &tl;
       return;
     }
-    if (tl.on && bias.sorted) {  // the runs for the gradients, and then the terms:
-      time_runs(tsk, tsi, 0, valid, bias.Bt, runs);
-      if (runs.n > 2) {  // many runs (near the diagonal): lane by lane, where run by run took a pass a run
-        lanes = &tl;     // (time_row: 5.5% of the one-pass backward's samples at 8 x 1,024, 2026-12-06)
-        return;
-      }
-      time_row(bias, tsk, tsi, valid, tb_buf, runs, true);
-    } else {
-      time_row(bias, tsk, tsi, valid, tb_buf, runs);
-    }
+    time_row(bias, tsk, tsi, valid, tb_buf, runs);  // two runs (a bisection), or unsorted, or over 32 buckets
     tb = tb_buf;
   }
   V<T> pre(int64_t c) const {
