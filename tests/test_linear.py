@@ -255,5 +255,7 @@ def test_mixed_precision_linear_equals_the_casts_outside(n, n_in, n_out, bias, i
 def test_mixed_precision_linear_names_bad_dtypes():
     with pytest.raises(TypeError, match="linear: x, weight and bias must share one dtype \\(or pass dtype=\\)"):
         ops.linear(torch.randn(3, 4).bfloat16(), torch.randn(5, 4))
-    with pytest.raises(TypeError, match="linear: with dtype=torch.int32, x, weight and bias must be floating point"):
+    with pytest.raises(TypeError, match="linear: dtype must be a floating point dtype, got torch.int32"):
         ops.linear(torch.randn(3, 4), torch.randn(5, 4), dtype=torch.int32)
+    with pytest.raises(TypeError, match="linear: with dtype=torch.bfloat16, x, weight and bias must be floating point"):
+        ops.linear(torch.ones(3, 4, dtype=torch.int64), torch.randn(5, 4), dtype=torch.bfloat16)

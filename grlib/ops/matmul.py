@@ -69,7 +69,9 @@ def check_linear_args(x: Tensor, weight: Tensor, bias: Tensor | None, dtype: tor
         raise ValueError(f"linear: bias must be [out={weight.shape[0]}], got {tuple(bias.shape)}")
     tensors = [x, weight] + ([] if bias is None else [bias])
     if dtype is not None:
-        if not all(t.dtype.is_floating_point for t in tensors + [torch.empty(0, dtype=dtype)]):
+        if not dtype.is_floating_point:
+            raise TypeError(f"linear: dtype must be a floating point dtype, got {dtype}")
+        if not all(t.dtype.is_floating_point for t in tensors):
             raise TypeError(f"linear: with dtype={dtype}, x, weight and bias must be floating point, got "
                             f"{', '.join(str(t.dtype) for t in tensors)}")
     elif x.dtype != weight.dtype or (bias is not None and bias.dtype != x.dtype):
