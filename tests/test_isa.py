@@ -3,6 +3,7 @@ seconds on a CPU without bf16 GEMMs (forced here with GRLIB_ISA=avx2 on an AVX-5
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -179,6 +180,47 @@ def test_no_avx512_instruction_outside_the_avx512_path():
         assert "zmm" not in text, "an x86-64-v3 build holds a zmm register"
     else:
         assert any("zmm" in ins for n in paths["avx512"] for ins in funcs[n])  # the check can fail
+
+
+# Two x86 extensions that AMD CPUs served by the avx512 code lack: AVX512-FP16 (Intel since Sapphire
+# Rapids; Zen 4 and Zen 5 have none) and VP2INTERSECT (Zen 5 and Tiger Lake only, not Zen 4). The avx512 code
+# (grlib_avx512::, the avx512, avx512_bf16 and amx paths) also runs on Zen 4 and 5, while the AMX Xeon
+# the bf16 paths are developed on has both extensions: one such instruction would pass every test there
+# and fault (SIGILL) on an AMD CPU. FP16 mnemonics name a ph / sh operand (vaddph, vcvtsh2ss,
+# vcvtps2phx); F16C's two conversions (vcvtph2ps, vcvtps2ph) and the vp* integer ops (vpshufb) are not FP16.
+_FP16 = re.compile(r"v(?!p)\w*(?:(?:ph|sh)x?|(?:ph|sh)2\w+)|vmovw")
+_F16C = frozenset({"vcvtph2ps", "vcvtps2ph"})
+
+
+def _foreign_instructions(lines: list[str]) -> list[str]:
+    """objdump instruction lines -> the mnemonics of AVX512-FP16 or VP2INTERSECT among them, in order."""
+    out = []
+    for line in lines:
+        fields = line.split("\t")
+        words = [w for w in fields[1].split() if not w.startswith("{")] if len(fields) > 1 else []
+        m = words[0] if words else ""
+        if (_FP16.fullmatch(m) and m not in _F16C) or m.startswith("vp2intersect"):
+            out.append(m)
+    return out
+
+
+def test_the_foreign_instruction_check_tells_fp16_from_f16c():
+    lines = ["  10:\tvaddph %zmm1,%zmm2,%zmm3", "  16:\tvcvtps2ph $0x0,%ymm0,%xmm1", "  1c:\tvcvtph2ps %xmm0,%ymm0",
+             "  21:\tvpshufb %ymm1,%ymm2,%ymm3", "  26:\tvcvtsh2ss %xmm1,%xmm2,%xmm3",
+             "  2c:\tvshufps $0x0,%ymm1,%ymm2,%ymm3", "  32:\t{evex} vcvtps2phx %zmm1,%ymm2",
+             "  38:\tvp2intersectd %zmm1,%zmm2,%k2", "  3e:\tvdpbf16ps %zmm1,%zmm2,%zmm3",
+             "  44:\tvmovshdup %xmm1,%xmm2"]
+    assert _foreign_instructions(lines) == ["vaddph", "vcvtsh2ss", "vcvtps2phx", "vp2intersectd"]
+
+
+@pytest.mark.skipif(shutil.which("objdump") is None, reason="objdump (binutils) is not installed")
+@pytest.mark.skipif(os.uname().machine != "x86_64", reason="the x86-64 paths")
+def test_no_instruction_an_amd_cpu_lacks():
+    """grlib._C holds no AVX512-FP16 or VP2INTERSECT instruction (the comment above), on any path."""
+    text = subprocess.run(["objdump", "-d", "-C", "--no-show-raw-insn", _lib()], capture_output=True, text=True,
+                          check=True).stdout
+    bad = {name: found for name, lines in _functions(text).items() if (found := _foreign_instructions(lines))}
+    assert not bad, f"functions with instructions Zen 4 / Zen 5 lack: {dict(list(bad.items())[:5])}"
 
 
 KERNEL_TESTS = ("tests/test_attention.py", "tests/test_uvqk_attention.py", "tests/test_attention_fused.py",
