@@ -2,6 +2,7 @@
 seconds on a CPU without bf16 GEMMs (forced here with GRLIB_ISA=avx2 on an AVX-512 machine)."""
 from __future__ import annotations
 
+import functools
 import os
 import re
 import shutil
@@ -147,6 +148,13 @@ def test_amx_forced_on_a_cpu_without_the_tile_unit_names_its_flags(monkeypatch):
 BF16_UNIT_INSTRUCTIONS = ("vdpbf16ps", "tdpbf16ps", "ldtilecfg", "tileloadd")
 
 
+@functools.cache
+def _disassembly() -> str:
+    """`objdump -d -C` of grlib._C (read once per process: two tests scan it)."""
+    return subprocess.run(["objdump", "-d", "-C", "--no-show-raw-insn", _lib()], capture_output=True, text=True,
+                          check=True).stdout
+
+
 def _functions(disassembly: str) -> dict[str, list[str]]:
     """objdump -d -C text -> {function name: its instruction lines}."""
     out, name = {}, None
@@ -166,8 +174,7 @@ def test_no_avx512_instruction_outside_the_avx512_path():
     the bf16 units' instructions (vdpbf16ps, AMX tiles: the amx and avx512_bf16 paths are the avx512
     code, grlib_avx512::, with its units); a build with GRLIB_ISA_BUILD=x86-64-v3 (no avx512 path)
     holds none anywhere."""
-    text = subprocess.run(["objdump", "-d", "-C", "--no-show-raw-insn", _lib()], capture_output=True, text=True,
-                          check=True).stdout
+    text = _disassembly()
     funcs = _functions(text)
     paths = {p: [n for n in funcs if f"grlib_{p}::" in n] for p in ("avx2", "generic", "avx512")}
     assert paths["avx2"] and paths["generic"], "no function of the avx2 / generic paths found"
@@ -217,8 +224,7 @@ def test_the_foreign_instruction_check_tells_fp16_from_f16c():
 @pytest.mark.skipif(os.uname().machine != "x86_64", reason="the x86-64 paths")
 def test_no_instruction_an_amd_cpu_lacks():
     """grlib._C holds no AVX512-FP16 or VP2INTERSECT instruction (the comment above), on any path."""
-    text = subprocess.run(["objdump", "-d", "-C", "--no-show-raw-insn", _lib()], capture_output=True, text=True,
-                          check=True).stdout
+    text = _disassembly()
     bad = {name: found for name, lines in _functions(text).items() if (found := _foreign_instructions(lines))}
     assert not bad, f"functions with instructions Zen 4 / Zen 5 lack: {dict(list(bad.items())[:5])}"
 
