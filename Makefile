@@ -7,6 +7,7 @@
 #   make lab         JupyterLab on notebooks/ (127.0.0.1:8888)
 #   make bench       every benchmark command at the laptop scale (--record: rows in results/tables/bench_*)
 #   make setup       only the environment and the compiled kernels
+#   make clean-tmp   list and remove what killed runs left (python -m grlib clean; DRY_RUN=1: only list)
 
 PYTHON ?= python3
 VENV := .venv
@@ -23,7 +24,7 @@ KERNEL_STAMP := $(VENV)/.kernels-built
 TEST_STAMP := $(VENV)/.test-deps-installed
 KERNEL_SOURCES := $(wildcard kernels/cpu/*.cpp kernels/cpu/*.h) setup.py
 
-.PHONY: setup reproduce test lab bench clean-venv
+.PHONY: setup reproduce test lab bench clean-venv clean-tmp
 
 setup: $(KERNEL_STAMP)
 
@@ -73,6 +74,11 @@ bench: $(KERNEL_STAMP)
 
 clean-venv:
 	rm -rf $(VENV) build
+
+# temporary files and folders of grlib runs that were killed (kill -9, a power cut): data/, results/, the
+# download cache (its resumable .part files are listed, kept); CLEAN_PATHS="ckpt runs/a": checkpoint folders too
+clean-tmp: $(DEPS_STAMP)
+	$(PY) -m grlib clean $(if $(DRY_RUN),--dry-run) $(foreach p,$(CLEAN_PATHS),--path $(p))
 
 # TorchRec 1.8.0, the peer of grlib.distributed.torchrec_peer (tests/test_torchrec_peer.py skip without it). Its
 # wheel requires the CUDA fbgemm-gpu, so it goes in with --no-deps beside fbgemm-gpu-cpu, after the

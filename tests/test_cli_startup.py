@@ -27,7 +27,7 @@ ROOT = Path(__file__).resolve().parents[1]
 COMMANDS = [
     ["--help"], ["config"], ["config", "--help"], ["notebook", "--help"], ["train", "--help"],
     ["data", "--help"], ["data", "download", "--help"], ["data", "prepare", "--help"], ["bench", "--help"],
-    ["claims", "--help"],
+    ["claims", "--help"], ["clean", "--help"],
     *(["bench", name, "--help"] for name in BENCHES),
 ]
 FRESH = [["--help"], ["bench", "train", "--help"]]

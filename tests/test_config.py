@@ -104,6 +104,7 @@ NO_CONFIG = {
     "data download": None,  # fetches a dataset's archive: no scale involved
     "claims": "--scale",  # reads the report stage's summary of that scale
     "import-rows": None,  # appends a device check's rows, each with its own scale
+    "clean": None,  # removes the leftovers of killed runs: no scale involved
 }
 
 

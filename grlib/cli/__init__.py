@@ -7,13 +7,14 @@
     python -m grlib data prepare --dataset synthetic --out DIR
     python -m grlib claims [--scale laptop] [--checks]
     python -m grlib import-rows OUT/device_check.json    (the rows of `make device-check` on a GPU)
+    python -m grlib clean [--dry-run] [--path DIR]       (the leftovers of killed runs; `make clean-tmp`)
 
 A user mistake (a bad scale, parameter, override, data file, checkpoint or output folder, process
 layout, or a notebook cell that raised) prints one line `error: ...` on stderr and exits with
 status 2. A rank of a multi-process run that fails prints `error:` with the rank and its traceback's
 tail, and exits with status 1.
 """
-# One module per command: notebook (with the papermill runner), train, data, claims; `config` is below and
+# One module per command: notebook (with the papermill runner), train, data, claims, clean; `config` is below and
 # the benchmarks are grlib.bench. Commands call experiments and the library, never the other way
 # round (tests/test_layers.py).
 from __future__ import annotations
@@ -44,7 +45,7 @@ def build_parser(complete: bool = False) -> argparse.ArgumentParser:
     """The parser of every command; a bench's own arguments are added when it is named (its module
     imported then), or all at once with `complete` (to read the parsers without parsing)."""
     from grlib.bench import add_bench_parser
-    from grlib.cli import claims, data, import_rows, notebook, train
+    from grlib.cli import claims, clean, data, import_rows, notebook, train
 
     parser = argparse.ArgumentParser(prog="python -m grlib", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -65,30 +66,40 @@ def build_parser(complete: bool = False) -> argparse.ArgumentParser:
     train.add_parser(sub)
     claims.add_parser(sub)
     import_rows.add_parser(sub)
+    clean.add_parser(sub)
     return parser
 
 
-def user_errors() -> tuple[type[BaseException], ...]:
-    """The exceptions that report a user mistake (each defined where it is raised)."""
-    from grlib.cli.notebook import NotebookError, NotebookFailed
-    from grlib.train.checkpoint import CheckpointError
+# The exceptions that report a user mistake, each defined where it is raised: (module, class). Those of
+# modules that import torch are looked up among the modules already loaded (an exception of a module
+# never imported cannot have been raised), so that reporting an error loads nothing: `data prepare`
+# refusing a hostile file stays within its memory bound (tests/test_trust_inputs.py).
+USER_ERRORS = (("grlib.cli.clean", "CleanError"), ("grlib.cli.notebook", "NotebookError"),
+               ("grlib.cli.notebook", "NotebookFailed"), ("grlib.train.checkpoint", "CheckpointError"),
+               ("grlib.distributed.topology", "TopologyError"))
+RANK_FAILED = ("grlib.distributed.launch", "RankFailed")
 
-    return (config.ConfigError, DataError, OutputRefused, ProgressSettingError, NotebookError, NotebookFailed,
-            CheckpointError)
+
+def _loaded(module: str, name: str) -> type[BaseException] | None:
+    return getattr(sys.modules.get(module), name, None)
+
+
+def user_errors() -> tuple[type[BaseException], ...]:
+    """The exceptions that report a user mistake, of the modules loaded so far."""
+    found = (_loaded(module, name) for module, name in USER_ERRORS)
+    return (config.ConfigError, DataError, OutputRefused, ProgressSettingError, *(c for c in found if c))
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)
-    except Exception as err:  # the error classes are imported only here: they import torch
-        from grlib.distributed.launch import RankFailed
-        from grlib.distributed.topology import TopologyError
-
-        if isinstance(err, (*user_errors(), TopologyError)):
+    except Exception as err:
+        if isinstance(err, user_errors()):
             print(f"error: {_one_line(str(err))}", file=sys.stderr)
             return 2
-        if isinstance(err, RankFailed):  # a rank of `train --world N` failed: its traceback's tail, as it was
+        failed = _loaded(*RANK_FAILED)
+        if failed is not None and isinstance(err, failed):  # a rank of `train --world N` failed: its traceback's tail
             print(f"error: {err}", file=sys.stderr)
             return 1
         raise

@@ -25,9 +25,10 @@ other folder as it was.
 Preparing (prepare_to) writes sequences.parquet, vocab.parquet and stats.json through
 grlib.data.preprocess.prepare_logs (grlib.io.output_dir: complete or absent, and only ever
 replacing a folder grlib made). Raw logs: the synthetic twin is written as a KuaiRand-style CSV
-first (a temporary file under data/raw/); KuaiRand versions come from the download cache
-(grlib.data.download); MovieLens-100K from the shared real-data slices when present, else from the
-cache (grlib.data.movielens reads it into the log schema).
+first (into a temporary folder under data/raw/, grlib.io.temp_dir: the leftovers of a killed run
+go at the next run); KuaiRand versions come from the download cache (grlib.data.download);
+MovieLens-100K from the shared real-data slices when present, else from the cache
+(grlib.data.movielens reads it into the log schema).
 
 A rank of a data-parallel run loads with share=True: the folder's token arrays written once as flat
 files under data/cache/arrays/ and read per batch (grlib.data.share), so a rank holds the per-user
@@ -40,21 +41,26 @@ masking would hide the target (grlib.evaluate).
 from __future__ import annotations
 
 import dataclasses
+import errno
 import hashlib
 import json
-import tempfile
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from grlib import io, paths
 from grlib.config import Config, DataConfig, load_config, scale_names
 from grlib.data import download, preprocess, registry
 from grlib.data.movielens import read_ml100k
 from grlib.schema import DataError
-from grlib.data.sequences import SequenceData
-from grlib.data.share import MappedSequences, ensure_arrays
-from grlib.data.synthetic import write_log_csv
-from grlib.evaluate import split_repeat_fraction
+from grlib.data.synthetic import expected_rows, write_log_csv
+
+if TYPE_CHECKING:
+    from grlib.data.sequences import SequenceData
+
+# the sequences, a rank's share and the evaluation protocol (torch, about 220 MB resident) are imported
+# where a prepared folder is loaded: `data prepare` runs without them
 
 KEY_FIELDS = ("dataset", "max_len", "min_item_count", "target", "context", "bucket_rows")
 GENERATOR_FIELDS = ("n_users", "length_factor", "n_items", "seed")  # the synthetic twin's generator
@@ -127,6 +133,10 @@ def load_dataset(cfg: Config, name: str = "scale", share: bool = False) -> Datas
     read per batch and training batches are global batches known by their lengths, each rank
     reading the sequences its Planner assigns it (grlib.data.share)."""
     out = ensure_prepared(cfg, name)
+    from grlib.data.sequences import SequenceData
+    from grlib.data.share import MappedSequences, ensure_arrays
+    from grlib.evaluate import split_repeat_fraction
+
     data = MappedSequences(ensure_arrays(out), global_batches=True) if share else SequenceData.load(out)
     rep = split_repeat_fraction(data, cfg.data.max_len)
     return Dataset(dataset_config(cfg, name).dataset, data, out, mask_history=rep == 0.0, repeat_fraction=rep)
@@ -160,6 +170,9 @@ def load_prepared(cfg: Config, out: Path) -> Dataset:
     """The sequences of a folder `data prepare` made (prepared_stats checks it), with their evaluation
     protocol; cfg.data should carry the folder's settings (PREPARED_DATA_FIELDS of its stats)."""
     stats = prepared_stats(out)
+    from grlib.data.sequences import SequenceData
+    from grlib.evaluate import split_repeat_fraction
+
     data = SequenceData.load(Path(out))
     rep = split_repeat_fraction(data, cfg.data.max_len)
     return Dataset(stats["dataset"], data, Path(out), mask_history=rep == 0.0, repeat_fraction=rep)
@@ -189,12 +202,17 @@ def raw_sources(cfg: DataConfig, work: Path, raw_dir: Path | None = None,
 def prepare_to(cfg: DataConfig, out: Path, raw_dir: Path | None = None, mirror: str | None = None) -> dict:
     """Writes sequences.parquet, vocab.parquet and stats.json (with data_key) of cfg into `out`,
     built aside and renamed when complete. An existing `out` is replaced only if grlib made it, else
-    OutputRefused, checked before anything is generated or downloaded. raw_dir, mirror: see raw_sources."""
+    OutputRefused, checked before anything is generated or downloaded. raw_dir, mirror: see raw_sources.
+
+    Temporary paths: data/raw/.<dataset>.grlib-<pid>-<host>-XXXXXXXX.tmp (the synthetic CSV) and the
+    sibling of `out` (grlib.io.output_dir); the leftovers of killed runs there are removed first
+    (grlib.io.sweep). A disk that fills up (ENOSPC, EDQUOT, or polars saying so) is one DataError
+    naming the file system, what preparing needs and what is free; nothing half-written stays."""
     preprocess.check_output(out)
-    raw = paths.data_dir() / "raw"
-    raw.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=raw, prefix=f".{cfg.dataset}-") as work:
-        sources = raw_sources(cfg, Path(work), raw_dir, mirror)
+    work = io.temp_dir(paths.data_dir() / "raw", cfg.dataset)
+    sources: list[preprocess.Source] | None = None
+    try:
+        sources = raw_sources(cfg, work, raw_dir, mirror)
         extra = {"dataset": cfg.dataset}
         if cfg.dataset == "synthetic":
             extra.update(n_users_generated=cfg.n_users, length_factor=cfg.length_factor)
@@ -202,3 +220,57 @@ def prepare_to(cfg: DataConfig, out: Path, raw_dir: Path | None = None, mirror: 
         return preprocess.prepare_logs(sources, out, max_len=cfg.max_len, min_item_count=cfg.min_item_count,
                                        target=cfg.target, context=cfg.context, bucket_rows=cfg.bucket_rows,
                                        extra_stats=extra)
+    except Exception as err:
+        # a download's own disk-full message says what is kept to resume
+        if isinstance(err, download.DownloadError) or not io.is_disk_full(err):
+            raise
+        failure, needed = err, space_needed(cfg, sources)  # sized while the sources are still there
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    raise disk_full_error(Path(out), needed, failure) from failure
+
+
+def _failed_path(err: BaseException) -> Path | None:
+    """The file an OSError in err's chain names (where the disk filled up), if any."""
+    seen: BaseException | None = err
+    for _ in range(10):
+        if seen is None:
+            break
+        if isinstance(seen, OSError) and seen.filename:
+            return Path(seen.filename)
+        seen = seen.__cause__ or seen.__context__
+    return None
+
+
+def space_needed(cfg: DataConfig, sources: list[preprocess.Source] | None) -> tuple[int, str]:
+    """(bytes, how they were counted) that preparing cfg writes: the preprocessing parts of the
+    sources' rows (preprocess.PART_BYTES_PER_ROW, as its free-disk check), plus the synthetic log's
+    CSV when it is not written yet, or a real dataset's extracted archive when none was read yet."""
+    if sources is not None:
+        rows = preprocess.estimated_rows(sources)
+        return rows * preprocess.PART_BYTES_PER_ROW, f"{rows:,} rows x {preprocess.PART_BYTES_PER_ROW} bytes of parts"
+    if cfg.dataset == "synthetic":
+        rows = expected_rows(cfg.n_users, cfg.length_factor, cfg.seed)
+        per_row = preprocess.BYTES_PER_ROW + preprocess.PART_BYTES_PER_ROW
+        return rows * per_row, f"{rows:,} rows x {per_row} bytes: the log's CSV and the parts"
+    spec = registry.get(cfg.dataset)
+    return spec.extracted_bytes, f"the extracted {spec.archive}"
+
+
+def disk_full_error(out: Path, needed: tuple[int, str], err: BaseException) -> DataError:
+    """One line for a disk that filled up while preparing `out`: the file system (the written file's,
+    else the output folder's), what preparing needs (space_needed) and what is free now that the
+    temporary files are gone."""
+    failed = _failed_path(err)
+    where = failed.parent if failed is not None else out.parent
+    while not where.exists() and where != where.parent:  # a temporary folder, removed by now
+        where = where.parent
+    mount = io.file_system(where)
+    free = shutil.disk_usage(mount).free
+    reason = "no space left on device"
+    if any(isinstance(e, OSError) and e.errno == errno.EDQUOT for e in (err, err.__cause__, err.__context__)):
+        reason = "disk quota exceeded"
+    return DataError(f"{out}: the disk is full ({reason}) on the file system of {where} (mounted at {mount}): "
+                     f"preparing needs about {io.human_bytes(needed[0])} ({needed[1]}), {io.human_bytes(free)} "
+                     f"free; nothing was written to {out} and the temporary files are removed: free some space "
+                     f"(or choose --out / GRLIB_DATA_DIR on a larger disk) and run again")

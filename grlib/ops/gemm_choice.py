@@ -33,6 +33,8 @@ import statistics
 import time
 from pathlib import Path
 
+from grlib import io
+
 GEMM_ENV = "GRLIB_GEMM"
 CACHE_ENV = "GRLIB_CACHE_DIR"
 CHOICES = {"onednn": "onednn", "blas": "reference"}  # GRLIB_GEMM (and the record) -> the linear implementation
@@ -100,7 +102,7 @@ def time_libraries(shape: tuple[int, int, int] = SHAPE, repeats: int = REPEATS) 
 def _write_once(path: Path, record: dict) -> dict:
     """Writes `record` to `path` unless it exists; returns the record the file holds."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp = io.temp_file(path.parent, path.name)
     tmp.write_text(json.dumps(record, indent=1))
     try:
         os.link(tmp, path)  # fails if another process recorded first: its choice stands
