@@ -49,7 +49,7 @@ from grlib.evaluate import evaluate, last_token_scores, popularity_scores
 from grlib.model import build_model, parameter_count
 from grlib.model.hstu import COMPUTE_DTYPES
 from grlib.negatives import build_negative_path
-from grlib.train import PHASES, TrainResult, loop
+from grlib.train import PHASES, TrainResult, checkpoint, loop
 from grlib.train.optim import Optimizers
 from grlib.train.prefetch import one_process
 
@@ -209,6 +209,8 @@ def fit_distributed(cfg: Config, dataset: str, checkpoint_dir: str | None = None
         with init_runtime(topo, backend=cfg.dist.backend, timeout_s=cfg.dist.timeout_s) as runtime:
             got = fit_rank(runtime, cfg, dataset, checkpoint_dir, checkpoint_every)
         return got if topo.rank == 0 else None
+    if checkpoint_dir:  # a rank's file that is not data: refused here in one line, before any rank starts
+        checkpoint.vet_rank_files(checkpoint_dir, cfg.dist.world)
     cfg = calibrated(cfg)  # the row's params_hash covers the coefficients
     load_dataset(cfg, dataset)  # prepared here once, before the ranks read it
     return launch(fit_rank, cfg.dist.world, nodes=cfg.dist.nodes, backend=cfg.dist.backend,

@@ -19,6 +19,13 @@ terminated (SIGTERM, then SIGKILL), and RankFailed names the failed ranks, first
 the exit code or the end of the traceback. Past timeout_s the ranks still running are terminated and
 RankFailed names them. Every child is joined before launch returns or raises (no zombie), and a child
 whose parent disappears exits by itself (no orphan).
+
+Trust: the only pickles here travel between this launcher and the children it spawned, never through
+a file or a socket: multiprocessing hands fn, args and kwargs to each child over the pipe 'spawn'
+opens to it, and each child sends its result back through an anonymous pipe (os.pipe: no name in
+the file system, no port) whose two ends only this launcher and that child hold. What is unpickled
+was pickled by a process running this launcher's own code, so it is as trusted as the caller.
+Checkpoints, which a user can hand over, are read as data only (grlib.train.checkpoint).
 """
 from __future__ import annotations
 
@@ -88,12 +95,13 @@ def launch(fn: Callable[..., T], world: int, *, nodes: int = 1, args: tuple = ()
                          "MASTER_PORT": str(port), "RANK": str(rank), "WORLD_SIZE": str(world),
                          "LOCAL_RANK": str(rank % local_world), "LOCAL_WORLD_SIZE": str(local_world),
                          "GROUP_RANK": str(rank // local_world)}
+            # an anonymous os.pipe: no path or port that another process could write into (see _receive)
             reader, writer = ctx.Pipe(duplex=False)
             conns[rank] = reader
             proc = ctx.Process(target=_child, name=f"grlib-rank-{rank}", daemon=False,
                                args=(fn, args, kwargs or {}, child_env, backend, timeout_s, writer, os.getpid()))
             try:
-                proc.start()  # pickles fn, args, kwargs: an unpicklable one raises here
+                proc.start()  # pickles fn, args, kwargs to the child over spawn's pipe: an unpicklable one raises here
             finally:
                 writer.close()  # the child holds the only writer: EOF on `reader` once it is gone
             procs.append(proc)
@@ -164,7 +172,10 @@ def _receive(rank: int, conn: Connection, results: dict[int, Any], failed: dict[
              open_conns: dict[int, Connection]) -> None:
     """Read one message of `rank`, or note the end of its pipe."""
     try:
-        kind, payload = pickle.loads(conn.recv_bytes())  # plain pickle: tensors by value (see _child)
+        # plain pickle: tensors by value (see _child). Safe to unpickle: these bytes can only come from
+        # the child this launcher spawned (the pipe's write end lives in that child alone, see launch),
+        # which pickled its own return value; no file or socket a user can hand over reaches here
+        kind, payload = pickle.loads(conn.recv_bytes())
     except EOFError:
         open_conns.pop(rank, None)
         return
