@@ -4,11 +4,22 @@ run every notebook this way).
     python -m grlib notebook 02_train --scale laptop [-p overrides '{"model.n_layers": 2}']
     out = run_notebook("02_train", scale="laptop", parameters={"overrides": '{"model.n_layers": 2}'})
 
+Parameters are plain values (grlib.config.values): a string is read as YAML by load_plain (no tags
+such as !!omap or !!python/..., no aliases, a date stays its text), any other value must be JSON-like
+(None, bool, int, float, str, lists, dicts with string keys). papermill writes each value into the
+notebook as Python source and writes anything else as `"<str(value)>"`, unescaped: a tuple's text
+could end that string and run code in the kernel, so nothing else reaches papermill (_execute checks
+again just before it calls papermill).
+
 Before a kernel starts, the parameters are checked against the names the notebook's `parameters`
-cell assigns (parsed with ast, so `cale` is not taken for `scale`) and `overrides` against the
-config: NotebookError. The notebook executes into a temporary file beside the output; on success
-it is renamed over the output, on failure to <name>.failed.ipynb beside it, so the last good
-executed notebook is kept, and NotebookFailed names the cell, its exception and that file.
+cell assigns (parsed with ast, so `cale` is not taken for `scale`), against the type of each literal
+default there (check_type: `count = 3` takes an int, `ratio = 0.5` a finite number, `data = ""` a
+string, `overrides = {}` a mapping, where an empty value is the empty mapping, `x = None` any plain
+value) and `overrides` against the config: NotebookError, one line naming the parameter, its value
+(cut to 80 characters) and what it expects. The notebook executes into a temporary file beside the
+output; on success it is renamed over the output, on failure to <name>.failed.ipynb beside it, so
+the last good executed notebook is kept, and NotebookFailed names the cell, its exception and that
+file.
 
 Progress (grlib.progress.log, silenced by GRLIB_PROGRESS=0): one line as each code cell starts, the
 kernel's stderr (where grlib's own progress lines go) forwarded, and a last line with the time.
@@ -18,18 +29,17 @@ from __future__ import annotations
 import argparse
 import ast
 import json
+import math
 import os
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from grlib import config, paths
-from grlib.config import add_config_arguments
-from grlib.io import umask
+from grlib import config, io, paths
+from grlib.config import add_config_arguments, values
 from grlib.progress import enabled, log
 
 
@@ -50,7 +60,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     nb.add_argument("name", help="notebook name without .ipynb, e.g. 02_train")
     add_config_arguments(nb)  # -o K=V becomes the notebook's `overrides` parameter
     nb.add_argument("-p", "--param", nargs=2, action="append", metavar=("KEY", "VALUE"),
-                    help="extra papermill parameter (YAML value)")
+                    help="extra papermill parameter (a plain YAML value: number, true/false, string, list, "
+                         "mapping; no tags)")
     nb.add_argument("--output", default=None, help="executed notebook path (default results/executed/<scale>/<name>.ipynb)")
     nb.set_defaults(func=_run)
 
@@ -121,15 +132,9 @@ def parameter_defaults(path: Path) -> dict[str, Any]:
 def run_notebook(name: str, scale: str | None = None, parameters: dict[str, Any] | None = None,
                  output: str | Path | None = None) -> Path:
     """Executes notebooks/<name>.ipynb with papermill; returns the executed notebook's path
-    (default results/executed/<scale>/<name>.ipynb). String parameter values are YAML."""
+    (default results/executed/<scale>/<name>.ipynb). String parameter values are plain YAML
+    (grlib.config.values.load_plain); other values must be plain values themselves."""
     params = {key: _parse(key, value) for key, value in (parameters or {}).items()}
-    if "scale" in params:
-        if scale is not None and params["scale"] != scale:
-            raise NotebookError(f"two scales given ({scale!r} and parameter scale={params['scale']!r}); give one")
-        scale = params["scale"]
-    scale = scale or config.default_scale()
-    config.load_config(scale)  # fail early, with the list of valid scales
-    params["scale"] = scale
     path = notebook_path(name)
     cell = parameters_cell(path)
     defined = parameter_names(path, cell)
@@ -137,15 +142,52 @@ def run_notebook(name: str, scale: str | None = None, parameters: dict[str, Any]
     if unknown:
         raise NotebookError(f"{path}: parameters {unknown} are not defined in its parameters cell "
                             f"(it defines: {', '.join(defined)})")
-    for key, default in literal_assignments(cell).items():
-        if isinstance(default, bool) and key in params and not isinstance(params[key], bool):
-            raise NotebookError(f"parameter {key}={params[key]!r}: {path.name} expects true or false "
-                                f"(its default is {default})")
+    defaults = literal_assignments(cell)
+    for key, value in params.items():
+        if key in defaults:
+            if value is None and isinstance(defaults[key], dict):
+                params[key] = value = {}  # `-p overrides ""`: no overrides, as load_config reads ""
+            check_type(path, key, value, defaults[key])
+    if "scale" in params:
+        if scale is not None and params["scale"] != scale:
+            raise NotebookError(f"two scales given ({scale!r} and parameter scale={params['scale']!r}); give one")
+        scale = params["scale"]
+    scale = scale or config.default_scale()
+    config.load_config(scale)  # fail early, with the list of valid scales
+    params["scale"] = scale
     if "overrides" in params:
         config.load_config(scale, params["overrides"])  # a bad override fails here, not in a kernel
     out = Path(output) if output else paths.results_dir() / "executed" / scale / f"{path.stem}.ipynb"
     _execute(path, out, params)
     return out
+
+
+# what a literal default of the parameters cell takes: (the default's types, the value's types, words)
+_KINDS: tuple[tuple[tuple[type, ...], tuple[type, ...], str], ...] = (
+    ((bool,), (bool,), "true or false"),
+    ((int,), (int,), "an integer"),  # after bool: True is an int, and not an integer parameter's value
+    ((float,), (int, float), "a finite number"),
+    ((str,), (str,), "a string"),
+    ((list, tuple), (list,), "a list"),
+    ((dict,), (dict,), "a mapping"),
+)
+
+
+def check_type(path: Path, key: str, value: Any, default: Any) -> None:
+    """NotebookError unless the plain `value` of parameter `key` has the type of its literal default in
+    the parameters cell of `path` (a float default takes an int too; a None default, or a default of
+    another kind, takes any plain value)."""
+    for default_types, value_types, words in _KINDS:
+        if isinstance(default, default_types):
+            ok = isinstance(value, value_types) and (bool in value_types or not isinstance(value, bool))
+            if ok and isinstance(value, float):
+                ok = math.isfinite(value)
+            if not ok:
+                hint = "; quote a text that YAML would read as another type, e.g. '\"2024\"'" \
+                    if isinstance(default, str) and (value is None or isinstance(value, (int, float))) else ""
+                raise NotebookError(f"parameter {key}={values.shown(value)}: {path.name} expects {words} "
+                                    f"(its default is {values.shown(default, 40)}){hint}")
+            return
 
 
 def failed_path(out: Path) -> Path:
@@ -154,24 +196,36 @@ def failed_path(out: Path) -> Path:
 
 
 def _parse(key: str, value: Any) -> Any:
+    """The plain value of parameter `key`: a string read as plain YAML, any other value checked."""
     if not isinstance(value, str):
+        _check_plain(key, value)
         return value
     try:
-        return yaml.safe_load(value)
+        return values.load_plain(value)
+    except values.PlainYAMLError as err:
+        raise NotebookError(f"parameter {key}={values.shown(value)}: not a plain value "
+                            f"({values.describe(err, text=value)})") from None
     except yaml.YAMLError as err:
-        problem = getattr(err, "problem", None) or str(err).splitlines()[0]
-        raise NotebookError(f"parameter {key}={value!r}: not a valid YAML value ({problem})") from None
+        problem = getattr(err, "problem", None) or values.describe(err, text=value)
+        raise NotebookError(f"parameter {key}={values.shown(value)}: not a valid YAML value ({problem})") from None
+
+
+def _check_plain(key: str, value: Any) -> None:
+    problem = values.plain_problem(value)
+    if problem is not None:
+        raise NotebookError(f"parameter {key}={values.shown(value)}: {problem}")
 
 
 def _execute(path: Path, out: Path, params: dict[str, Any]) -> None:
     import papermill
     from papermill.exceptions import PapermillExecutionError
 
+    for key, value in params.items():  # papermill writes what is not plain as "<str(value)>": code could run
+        _check_plain(key, value)
     out.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp_name = tempfile.mkstemp(dir=out.parent, prefix=f".{out.stem}.", suffix=".tmp.ipynb")
-    os.close(fd)
-    tmp = Path(tmp_name)
-    os.chmod(tmp, 0o666 & ~umask())  # papermill rewrites the file in place: it keeps this mode
+    # grlib's temporary naming (a killed run's file is swept by the next), mode 0666 & ~umask: papermill
+    # rewrites the file in place and keeps it
+    tmp = io.temp_file(out.parent, out.stem, suffix=".tmp.ipynb")
     root = os.environ.setdefault("GRLIB_PROJECT_ROOT", str(paths.project_root()))
     label, start = path.stem, time.monotonic()
     log(f"{label} ({params['scale']}): executing into {out}")

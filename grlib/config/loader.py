@@ -14,6 +14,10 @@ stages that train on a named dataset (ablations train and semi_async: load_ablat
 Overrides may be YAML / JSON text (papermill's `-p overrides '{...}'` passes a string); text that
 is not a mapping raises ConfigError naming the parameter. An unknown scale raises ConfigError
 listing the valid ones.
+
+All YAML text here (params.yaml, overrides, -o values) is read by grlib.config.values.load_plain:
+plain values only (no tags, no aliases, dates kept as their text). A params.yaml that is not valid
+YAML, not UTF-8 or holds a tag raises ConfigError "<path>:LINE:COLUMN: <problem>", one line.
 """
 from __future__ import annotations
 
@@ -23,15 +27,21 @@ from typing import Any
 import yaml
 
 from grlib import paths
-from grlib.config import choices
+from grlib.config import choices, values
 from grlib.config.fields import ConfigError, check, nest
 from grlib.config.sections import Config, with_sections
 
 
 def read_params(path: Path | None = None) -> dict[str, Any]:
+    """params.yaml (or `path`) as plain values; ConfigError "<path>:LINE:COLUMN: <problem>" for bytes
+    that are not UTF-8, text that is not YAML or YAML that is not a plain value (a tag, an alias)."""
     path = path or paths.params_path()
-    with open(path) as fh:
-        params = yaml.safe_load(fh)
+    try:
+        params = values.read_plain_file(Path(path).read_bytes(), str(path))
+    except OSError as err:
+        raise ConfigError(f"{path}: cannot read it ({err.strerror or err})") from None
+    except ValueError as err:  # not UTF-8, not YAML, or not a plain value: "<path>:LINE:COLUMN: <problem>"
+        raise ConfigError(str(err)) from None
     if not isinstance(params, dict) or "scales" not in params:
         raise ConfigError(f"{path}: expected a mapping with a 'scales' section")
     if not isinstance(params.get("quick", False), bool):
@@ -54,12 +64,14 @@ def as_mapping(value: Any, name: str, example: str = '{"model.n_layers": 2}') ->
         return {}
     if isinstance(value, str):
         try:
-            parsed = yaml.safe_load(value)
+            parsed = values.load_plain(value)
         except yaml.YAMLError as err:
             mark = getattr(err, "problem_mark", None)
-            where = f" at column {mark.column + 1}" if mark is not None else ""
-            problem = getattr(err, "problem", None) or str(err).splitlines()[0]
-            raise ConfigError(f"{name}: not valid YAML / JSON{where} ({problem}): {value!r}") from None
+            where = "" if mark is None else f" at column {mark.column + 1}" if mark.line == 0 else \
+                f" at line {mark.line + 1}, column {mark.column + 1}"
+            problem = (mark is not None and getattr(err, "problem", None)) or values.describe(err, text=value)
+            what = "a plain value" if isinstance(err, values.PlainYAMLError) else "valid YAML / JSON"
+            raise ConfigError(f"{name}: not {what}{where} ({problem}): {values.shown(value)}") from None
         if parsed is None:
             return {}
         value = parsed
@@ -70,16 +82,20 @@ def as_mapping(value: Any, name: str, example: str = '{"model.n_layers": 2}') ->
 
 def parse_overrides(items: list[str], option: str = "-o") -> dict[str, Any]:
     """Command-line overrides ["model.d_model=128", "train.lr=3e-4"] -> {"model.d_model": 128, ...}
-    (values are YAML: numbers, true/false, lists)."""
+    (values are plain YAML: numbers, true/false, strings, lists; grlib.config.values)."""
     out: dict[str, Any] = {}
     for item in items:
         key, sep, value = item.partition("=")
         if not sep or not key.strip():
             raise ConfigError(f"{option} {item!r}: expected KEY=VALUE, e.g. {option} model.d_model=128")
         try:
-            out[key.strip()] = yaml.safe_load(value)
+            out[key.strip()] = values.load_plain(value)
+        except values.PlainYAMLError as err:
+            raise ConfigError(f"{option} {values.shown(item)}: the value {values.shown(value)} is not a plain value "
+                              f"({values.describe(err, text=value)})") from None
         except yaml.YAMLError:
-            raise ConfigError(f"{option} {item!r}: the value {value!r} is not valid YAML") from None
+            raise ConfigError(f"{option} {values.shown(item)}: the value {values.shown(value)} "
+                              "is not valid YAML") from None
     return out
 
 
