@@ -1,5 +1,6 @@
-"""The KuaiRand log schema (19 columns, all versions), the action bitmask, the reserved item ids and
-DataError: a vocabulary that the config's checks and every layer above read (it imports nothing of
+"""The KuaiRand log schema (19 columns, all versions), the action bitmask, the reserved item ids,
+DataError and `shown` (what an error message may echo of a file: truncated, control bytes
+escaped): a vocabulary that the config's checks and every layer above read (it imports nothing of
 grlib, so it sits in the base layer; tests/test_layers.py).
 
 KuaiRand's README documents every log column as int64. LOG_SCHEMA keeps int64 for ids, times and
@@ -43,6 +44,36 @@ FLAG_COLUMNS = ("is_click", "is_like", "is_follow", "is_comment", "is_forward", 
 
 class DataError(ValueError):
     """Bad input data: the message names the file and, where known, the line and column."""
+
+
+_ESCAPES = {"\\": "\\\\", "\n": "\\n", "\r": "\\r", "\t": "\\t"}
+
+
+def shown(text: str | bytes, limit: int = 200, total: int | None = None) -> str:
+    """`text` (a file's content, a value read from it) as an error message may echo it: control and
+    other non-printable characters escaped as repr writes them (NUL as \\x00, ESC as \\x1b, a byte
+    that is not UTF-8 as \\xNN, a backslash doubled), at most `limit` characters of escaped text and,
+    when that is not all of it, "... (N characters in all)" ("N bytes" for bytes). `total`: the
+    length of the original when `text` is only its beginning."""
+    is_bytes = isinstance(text, bytes)
+    length = len(text) if total is None else total
+    head = text[:4 * limit].decode("utf-8", errors="surrogateescape") if is_bytes else text[:limit]
+    pieces, used, covered = [], 0, 0  # covered: characters (bytes) of the original shown
+    for char in head:
+        if char in _ESCAPES:
+            piece = _ESCAPES[char]
+        elif "\udc80" <= char <= "\udcff":  # a byte that is not UTF-8 (surrogateescape)
+            piece = f"\\x{ord(char) - 0xdc00:02x}"
+        else:
+            piece = char if char.isprintable() else repr(char)[1:-1]
+        if used + len(piece) > limit:
+            break
+        pieces.append(piece)
+        used += len(piece)
+        covered += len(char.encode("utf-8", errors="surrogateescape")) if is_bytes else 1
+    more = f"... ({length:,} {'bytes' if is_bytes else 'characters'} in all)" if covered < length else ""
+    return "".join(pieces) + more
+
 
 # Public practice (generative-recommenders dlrm_v3, NVIDIA recsys-examples).
 ACTION_BITS: dict[str, int] = {

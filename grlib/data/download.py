@@ -12,6 +12,16 @@ last byte by the next call. A complete download is renamed to a temporary name, 
 pooch and only then moved to <cache>/<archive>; on a checksum mismatch nothing is left in the
 cache. Archives extract into a temporary sibling folder renamed to <cache>/<dataset> when done.
 
+Size: a download writes at most size_limit(spec) bytes, the registry's archive_bytes plus a margin
+(max(1 MiB, 1%) where the size is exact, max(1 MiB, 10%) where it is approximate: the registry's
+figures are rounded). A server that announces more (Content-Length) is refused before a byte is
+written; one that sends more without announcing it (chunked, or until it closes) is cut off at
+the limit; either way the `.part` is removed, since it cannot be the archive, and DownloadError
+says so in one line. A `.part` found longer than the archive can be (over the limit, or over an
+exact size) is removed with a note on stderr and the download starts from byte 0; one the server
+answers 416 (Range Not Satisfiable) for, at the file's length, is the whole file and goes on to
+the md5 check.
+
 Mirror: `mirror=URL` (CLI `--mirror URL`), else the environment variable GRLIB_MIRROR, replaces
 the base of the registry URL and keeps its file name: GRLIB_MIRROR=https://mirror.example/kuairand
 fetches https://mirror.example/kuairand/KuaiRand-27K.tar.gz. The md5 is checked all the same.
@@ -26,12 +36,13 @@ from __future__ import annotations
 
 import errno
 import logging
+import math
 import os
 import posixpath
 import re
 import shutil
+import sys
 import tarfile
-import tempfile
 import zipfile
 import zlib
 from pathlib import Path
@@ -46,6 +57,7 @@ from grlib.schema import DataError
 from grlib.progress import bar
 
 CHUNK = 1 << 20
+MiB = 1 << 20
 DISK_MARGIN = 1.05  # a download or an extraction needs its size plus 5%
 MIRROR_ENV = "GRLIB_MIRROR"
 
@@ -79,23 +91,39 @@ def _human(n: float) -> str:
     return f"{n:.1f} TB"
 
 
+def size_limit(spec: DatasetSpec) -> int:
+    """The most bytes a download of spec's archive may write: archive_bytes plus max(1 MiB, 1%)
+    where the size is exact, plus max(1 MiB, 10%) where it is approximate (a rounded figure:
+    "47 MB", "1.1 GB"). Every entry has a size, so every download has a bound."""
+    share = 0.01 if spec.exact_size else 0.10
+    return spec.archive_bytes + max(MiB, math.ceil(spec.archive_bytes * share))
+
+
 class ResumableDownloader:
     """A pooch downloader that keeps a partial file (<cache>/<archive>.part) across calls and
-    asks the server for the remaining bytes only (HTTP Range); tqdm progress via grlib.progress."""
+    asks the server for the remaining bytes only (HTTP Range); tqdm progress via grlib.progress.
 
-    def __init__(self, part: Path, size: int | None = None, timeout: float = 60.0):
-        self.part, self.size, self.timeout = Path(part), size, timeout
+    size: the archive's exact size, where known; limit: the most bytes the file may reach
+    (size_limit; None: no bound); `what` names that size in messages."""
+
+    def __init__(self, part: Path, size: int | None = None, timeout: float = 60.0, limit: int | None = None,
+                 what: str = "the registry's size"):
+        self.part, self.size, self.timeout, self.limit, self.what = Path(part), size, timeout, limit, what
 
     def __call__(self, url: str, output_file: str, pooch_obj=None, check_only: bool = False) -> bool | None:
         if check_only:
             return requests.head(url, timeout=self.timeout, allow_redirects=True).ok
-        have = self.part.stat().st_size if self.part.exists() else 0
+        have = self._resumable()
         headers = {"Range": f"bytes={have}-"} if have else {}
         resp = requests.get(url, headers=headers, stream=True, timeout=self.timeout)
         with resp:
-            if resp.status_code == 416 and have and have == self.size:  # already complete
-                os.replace(self.part, output_file)
-                return None
+            if resp.status_code == 416 and have:  # nothing after byte `have`: complete, or longer than the file
+                if have in (self.size, _range_length(resp)):
+                    os.replace(self.part, output_file)
+                    return None
+                length = _range_length(resp)
+                self._drop(f"{have:,} bytes, more than the server's file{f' ({length:,} bytes)' if length else ''}")
+                return self(url, output_file, pooch_obj)
             if resp.status_code == 200 and have:  # the server ignored the Range: start over
                 have = 0
             elif resp.status_code == 206:
@@ -105,14 +133,21 @@ class ResumableDownloader:
             elif not resp.ok:
                 raise DownloadError(f"{url}: HTTP {resp.status_code} {resp.reason}")
             remaining = int(resp.headers.get("Content-Length", 0)) or None
+            if remaining and self.limit is not None and have + remaining > self.limit:
+                raise DownloadError(f"{url}: the server announces {have + remaining:,} bytes, more than {self.what} "
+                                    f"with its margin ({self.limit:,}): refused, nothing written"
+                                    f"{f' ({self.part} kept as it was)' if have else ''}")
             total = have + remaining if remaining else self.size
-            got = have
+            got, over = have, False
             try:
                 with open(self.part, "ab" if have else "wb") as fh, \
                         bar(total or 0, desc=self.part.name.removesuffix(".part"), unit="B",
                             unit_scale=True, initial=have) as progress:
                     resp.raw.enforce_content_length = False  # keep the bytes of a cut response; checked below
                     for chunk in resp.raw.stream(CHUNK, decode_content=False):
+                        if self.limit is not None and got + len(chunk) > self.limit:
+                            over = True  # the file would pass the limit: stop before writing the chunk
+                            break
                         fh.write(chunk)
                         got += len(chunk)
                         progress.update(len(chunk))
@@ -122,11 +157,33 @@ class ResumableDownloader:
                 raise DownloadError(f"{url}: interrupted at byte {got:,}"
                                     f"{f' of {total:,}' if total else ''} ({type(err).__name__}); "
                                     f"{self.part} is kept and the next call resumes from there") from err
+            if over:
+                self.part.unlink(missing_ok=True)
+                raise DownloadError(f"{url}: the server sent more than {self.what}: stopped at {got:,} bytes (the "
+                                    f"limit with its margin: {self.limit:,}) and removed {self.part}, which cannot "
+                                    f"be the archive")
             if total and got < total:
                 raise DownloadError(f"{url}: the connection closed at byte {got:,} of {total:,}; "
                                     f"{self.part} is kept and the next call resumes from there")
         os.replace(self.part, output_file)  # pooch checks the md5, then moves it into the cache
         return None
+
+    def _resumable(self) -> int:
+        """The bytes of the partial file to resume from: 0 when there is none, or after removing one
+        longer than the archive can be (over the limit, or over an exact size)."""
+        have = self.part.stat().st_size if self.part.exists() else 0
+        if self.limit is not None and have > self.limit:
+            self._drop(f"{have:,} bytes, more than {self.what} with its margin ({self.limit:,})")
+            return 0
+        if self.size is not None and have > self.size:
+            self._drop(f"{have:,} bytes, more than {self.what}")
+            return 0
+        return have
+
+    def _drop(self, why: str) -> None:
+        print(f"note: {self.part}: {why}; not a partial download of it: removed, downloading from the start",
+              file=sys.stderr)
+        self.part.unlink(missing_ok=True)
 
     def _disk_full(self, url: str, total: int | None, err: OSError) -> DownloadError:
         have = self.part.stat().st_size if self.part.exists() else 0
@@ -135,6 +192,12 @@ class ResumableDownloader:
         return DownloadError(f"{url}: the disk is full ({os.strerror(err.errno)}) on {self.part.parent} after "
                              f"{have:,} bytes{f' of {total:,}' if total else ''}: {rest}; {self.part} is kept, "
                              f"free some space and run again to resume from there")
+
+
+def _range_length(resp: requests.Response) -> int | None:
+    """The file's length from a 416 answer's `Content-Range: bytes */LENGTH`, if the server sent it."""
+    found = re.fullmatch(r"bytes \*/(\d+)", resp.headers.get("Content-Range", "").strip())
+    return int(found.group(1)) if found else None
 
 
 def download_bytes_needed(spec: DatasetSpec, cache: Path) -> int:
@@ -153,7 +216,10 @@ def fetch(spec: DatasetSpec, cache: Path | None = None, mirror: str | None = Non
     cache.mkdir(parents=True, exist_ok=True)
     part = cache / f"{spec.archive}.part"
     check_disk(cache, download_bytes_needed(spec, cache), f"download {spec.archive}", DownloadError)
-    downloader = ResumableDownloader(part, spec.archive_bytes if spec.exact_size else None)
+    what = (f"the registry's size of {spec.archive} ({spec.archive_bytes:,} bytes"
+            f"{', exact' if spec.exact_size else ', approximate'})")
+    downloader = ResumableDownloader(part, spec.archive_bytes if spec.exact_size else None, limit=size_limit(spec),
+                                     what=what)
     logger = pooch.get_logger()
     level = logger.level
     logger.setLevel(logging.WARNING)  # pooch's "Downloading data from ..." line: the progress bar names the file
@@ -224,8 +290,7 @@ def extract(archive: Path, dest: Path, needed: int | None = None) -> Path:
     dest.parent.mkdir(parents=True, exist_ok=True)
     needed = needed if needed is not None else _members_size(archive)
     check_disk(dest.parent, needed, f"extract {archive.name}")
-    tmp = Path(tempfile.mkdtemp(dir=dest.parent, prefix=f".{dest.name}."))
-    os.chmod(tmp, 0o777 & ~io.umask())  # mkdtemp makes 0700 whatever the umask
+    tmp = io.temp_dir(dest.parent, dest.name)  # grlib's temporary naming: a killed run's folder is swept
     try:
         if zipfile.is_zipfile(archive):
             with zipfile.ZipFile(archive) as zf:

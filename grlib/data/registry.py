@@ -20,7 +20,8 @@ class DatasetSpec:
     url: str
     md5: str
     archive: str  # file name in the cache
-    archive_bytes: int  # exact where published, else approximate (progress / messages only)
+    archive_bytes: int  # exact where published, else a rounded figure within 10%: a download stops past it
+    # plus a margin (grlib.data.download.size_limit: 1% exact, 10% approximate, at least 1 MiB)
     extracted_bytes: int  # disk space the extracted archive needs (published figure)
     log_files: tuple[str, ...]  # inputs of the preprocessing, found anywhere under the extracted folder
     other_files: tuple[str, ...] = ()  # also in the archive (not used by the sequences)

@@ -30,13 +30,26 @@ max_len events before val_pos and ends at test_pos (older and later events are n
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import polars as pl
-import torch
 
 from grlib.schema import ACTION_BITS, FIRST_ITEM_ID, OOV_ID, action_mask_expr
-from grlib.jagged import JaggedBatch  # the batch type (re-exported: grlib.data.sequences.JaggedBatch)
+
+if TYPE_CHECKING:
+    from grlib.jagged import JaggedBatch
+
+# torch (about 220 MB resident) is imported where a batch is built, not with the module: `data prepare`
+# reads raw logs through this module without loading it (its peak memory on a hostile file is checked
+# by tests/test_trust_inputs.py)
+
+
+def __getattr__(name: str) -> Any:
+    if name == "JaggedBatch":  # the batch type, re-exported: grlib.data.sequences.JaggedBatch
+        from grlib.jagged import JaggedBatch
+        return JaggedBatch
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 TARGETS = ("all", *ACTION_BITS)
 CONTEXTS = ("all", "targets")
@@ -192,6 +205,10 @@ class SequenceData:
         return targets
 
     def _batch(self, users: np.ndarray, ends: np.ndarray, max_len: int, with_targets: bool) -> JaggedBatch:
+        import torch
+
+        from grlib.jagged import JaggedBatch
+
         a, b, offsets = self._windows(users, ends, max_len)
         items = self._tokens("items", a, b)
         targets = self._targets(a, b, offsets, items) if with_targets else np.zeros(items.size, dtype=np.int64)
@@ -222,6 +239,8 @@ class SequenceData:
         """Batches for 'val' or 'test': context = max_len events before the target."""
         if split not in ("val", "test"):
             raise ValueError(f"split must be 'val' or 'test', got {split!r}")
+        import torch
+
         pos = self.val_pos if split == "val" else self.test_pos
         for i in range(0, self.n_users, batch_size):
             users = np.arange(i, min(i + batch_size, self.n_users))
