@@ -27,6 +27,15 @@ The row is also appended to table train_runs: under results/adhoc/tables/ unless
 from its last.pt (saying so on stderr) only if it was written with the same dataset, data, model,
 train and negatives settings; otherwise it stops with one line naming what differs. A run whose
 checkpoint is already at its last step says so in one line and writes no row.
+
+Before anything is allocated, the memory the run needs is estimated from its config
+(grlib.train.footprint: tables with their optimizer state, one step's activations, the evaluation's
+scores) and compared with the free memory (MemAvailable, cut by the cgroup's limit): first on what
+the config alone shows, before any data is prepared (SASRec's padding to data.max_len, its positions
+table), then with the prepared data's sizes (items, longest window), before the model is built. A run
+that does not fit stops with one line naming the estimate, its largest terms, the settings behind
+them and the free memory; --force runs it anyway (the figures said on stderr). --world N counts N
+ranks' estimates; a torchrun rank counts its node's LOCAL_WORLD_SIZE ranks.
 """
 from __future__ import annotations
 
@@ -92,6 +101,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                         f" (registered in grlib.schedules; more: plugin files in ${schedules.PLUGINS_ENV})")
     p.add_argument("--staleness", type=int_at_least(0), default=None,
                    help=f"k of {', '.join(schedules.with_trait('stale'))} (0 = the rows of sync)")
+    p.add_argument("--force", action="store_true",
+                   help="run even when the estimated memory exceeds the free memory (grlib.train.footprint; "
+                        "the figures are said on stderr)")
     p.add_argument("--params-only", action="store_true",
                    help="only print every scale's parameter counts (meta device, no data, no training)")
     p.set_defaults(func=run_cli)
@@ -100,8 +112,6 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 def run_cli(args: argparse.Namespace) -> int:
     from grlib import results
     from grlib.config import load_config
-    from grlib.data.catalog import load_dataset
-    from grlib.fit import fit_and_evaluate, fit_distributed, model_peak
     from grlib.results import atomic_write_bytes
 
     if args.params_only:
@@ -134,12 +144,21 @@ def run_cli(args: argparse.Namespace) -> int:
                               "process (leave --world out)")
         if args.model == "popularity":
             raise ConfigError("--world: the popularity model does no training; run it on one process")
+        if env_world > 1:  # a torchrun rank: its node's ranks are running; rank 0 prepares the data (fit_rank)
+            _check_memory(args, cfg, env_world, int(os.environ.get("LOCAL_WORLD_SIZE", env_world)), prepare=False)
+        else:  # ranks started here, after the data is prepared once in this process (as fit_distributed would)
+            _check_memory(args, cfg, cfg.dist.world, started=False)
+        from grlib.fit import fit_distributed
+
         got = fit_distributed(cfg, args.dataset, args.checkpoint_dir, args.checkpoint_every)
         if got is None:  # a rank other than 0 under torchrun: rank 0 reports
             return 0
         name, row, losses = got["dataset"], got["row"], got["losses"]
     else:
-        from grlib.data.catalog import load_prepared
+        from grlib.data.catalog import load_dataset, load_prepared
+
+        _check_memory(args, cfg)  # before the data is loaded and the model built
+        from grlib.fit import fit_and_evaluate, model_peak
 
         ds = load_prepared(cfg, Path(args.data)) if args.data is not None else load_dataset(cfg, args.dataset)
         peak = model_peak(cfg)  # measured in this run, before training, in the model's precision
@@ -165,6 +184,42 @@ def run_cli(args: argparse.Namespace) -> int:
     if args.losses and args.model != "popularity":
         atomic_write_bytes(Path(args.losses), (json.dumps(losses) + "\n").encode())
     return 0
+
+
+def _prepared_stats_if_any(args: argparse.Namespace, cfg) -> dict | None:
+    """The stats.json of the data this run trains on when it is already prepared (--data DIR, or the
+    catalogue's folder prepared with these data settings); None when it is not (yet)."""
+    from grlib.data.catalog import data_key, dataset_config, folder, prepared_key, prepared_stats
+
+    if args.data is not None:
+        return prepared_stats(Path(args.data))
+    out = folder(cfg, args.dataset)
+    if prepared_key(out) != data_key(dataset_config(cfg, args.dataset)):
+        return None
+    try:
+        stats = json.loads((out / "stats.json").read_text())
+    except (OSError, ValueError):
+        return None
+    return stats if isinstance(stats, dict) else None
+
+
+def _check_memory(args: argparse.Namespace, cfg, world: int = 1, local: int | None = None, *, started: bool = True,
+                  prepare: bool = True) -> None:
+    """Refuses (MemoryRefused, one line) a run whose estimated memory exceeds the free memory
+    (grlib.train.footprint), `local` of its `world` ranks on this machine (`started`: their processes
+    exist, this one among them). Where the data is not prepared yet, first on what the config alone
+    shows (nothing prepared or allocated), then, with `prepare`, once it is prepared (what loading it
+    would do first) on the data's sizes too. --force: no refusal, the figures said once on stderr."""
+    from grlib.data.catalog import ensure_prepared
+    from grlib.train import footprint
+
+    stats = _prepared_stats_if_any(args, cfg)
+    if stats is None and prepare:
+        if not args.force:
+            footprint.check(cfg, footprint.DataShape(), world, local, started=started)
+        stats = json.loads((ensure_prepared(cfg, args.dataset) / "stats.json").read_text())
+    shape = footprint.DataShape.from_stats(stats, cfg.data.max_len) if stats else footprint.DataShape()
+    footprint.check(cfg, shape, world, local, started=started, force=args.force)
 
 
 def _prepared_data(args: argparse.Namespace, overrides: dict) -> tuple[str, dict]:
