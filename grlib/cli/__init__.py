@@ -9,8 +9,9 @@
     python -m grlib import-rows OUT/device_check.json    (the rows of `make device-check` on a GPU)
     python -m grlib clean [--dry-run] [--path DIR]       (the leftovers of killed runs; `make clean-tmp`)
 
-A user mistake (a bad scale, parameter, override, data file, checkpoint or output folder, process
-layout, or a notebook cell that raised) prints one line `error: ...` on stderr and exits with
+A user mistake (a bad scale, parameter, override, params.yaml, data file, download, checkpoint or
+output folder, process layout, a config that does not fit the free memory, a full disk, or a
+notebook cell that raised) prints one line `error: ...` on stderr and exits with
 status 2. A rank of a multi-process run that fails prints `error:` with the rank and its traceback's
 tail, and exits with status 1.
 """

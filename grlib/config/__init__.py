@@ -20,6 +20,8 @@ built: `config`, `train`, `bench` and the notebooks refuse the same values.
     sections    DataConfig, ModelConfig, NegativesConfig, TrainConfig, KernelsConfig, Config;
                 DistConfig (run options of data-parallel training, not a scale's section)
     loader      read_params, load_config, overrides (mappings, YAML / JSON text, -o KEY=VALUE)
+    values      load_plain: the one YAML reader (params.yaml, overrides, -p values), plain values only
+                (no tags, aliases or non-string keys; dates kept as text); describe, plain_problem
     ablations   TrainAblation, KernelsAblation, NegativesAblation, BalanceAblation, SparseAblation,
                 SemiAsyncAblation, ScalingAblation, load_ablation
     arguments   --scale and -o for a command's parser, and the Config they give
