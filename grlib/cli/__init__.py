@@ -71,23 +71,19 @@ def build_parser(complete: bool = False) -> argparse.ArgumentParser:
     return parser
 
 
-# The exceptions that report a user mistake, each defined where it is raised: (module, class). Those of
-# modules that import torch are looked up among the modules already loaded (an exception of a module
-# never imported cannot have been raised), so that reporting an error loads nothing: `data prepare`
-# refusing a hostile file stays within its memory bound (tests/test_trust_inputs.py).
-USER_ERRORS = (("grlib.cli.clean", "CleanError"), ("grlib.cli.notebook", "NotebookError"),
-               ("grlib.cli.notebook", "NotebookFailed"), ("grlib.train.checkpoint", "CheckpointError"),
-               ("grlib.distributed.topology", "TopologyError"))
-RANK_FAILED = ("grlib.distributed.launch", "RankFailed")
-
-
 def _loaded(module: str, name: str) -> type[BaseException] | None:
     return getattr(sys.modules.get(module), name, None)
 
 
 def user_errors() -> tuple[type[BaseException], ...]:
-    """The exceptions that report a user mistake, of the modules loaded so far."""
-    found = (_loaded(module, name) for module, name in USER_ERRORS)
+    """The exceptions that report a user mistake, each defined where it is raised. Those of modules that
+    import torch are looked up among the modules already loaded (an exception of a module never imported
+    cannot have been raised), so that reporting an error loads nothing: `data prepare` refusing a hostile
+    file stays within its memory bound (tests/test_trust_inputs.py)."""
+    found = (_loaded(module, name) for module, name in (
+        ("grlib.cli.clean", "CleanError"), ("grlib.cli.notebook", "NotebookError"),
+        ("grlib.cli.notebook", "NotebookFailed"), ("grlib.train.checkpoint", "CheckpointError"),
+        ("grlib.distributed.topology", "TopologyError")))
     return (config.ConfigError, DataError, OutputRefused, ProgressSettingError, *(c for c in found if c))
 
 
@@ -99,7 +95,7 @@ def main(argv: list[str] | None = None) -> int:
         if isinstance(err, user_errors()):
             print(f"error: {_one_line(str(err))}", file=sys.stderr)
             return 2
-        failed = _loaded(*RANK_FAILED)
+        failed = _loaded("grlib.distributed.launch", "RankFailed")
         if failed is not None and isinstance(err, failed):  # a rank of `train --world N` failed: its traceback's tail
             print(f"error: {err}", file=sys.stderr)
             return 1
