@@ -354,18 +354,24 @@ def _finish_many(out: str, worker: int, barrier, results) -> None:
     results.put(failures)
 
 
-@pytest.mark.slow  # two spawned processes import grlib (a few seconds), then 30 aligned finishes
-def test_two_runs_finishing_the_same_output_at_once(tmp_path):
-    out = tmp_path / "outs" / "prep"
+def _two_at_once(target, *args) -> list:
+    """Runs target(*args, worker, barrier, results) in two spawned processes that meet at `barrier`;
+    the failures both put on `results`."""
     ctx = multiprocessing.get_context("spawn")
     barrier, results = ctx.Barrier(2), ctx.Queue()
-    procs = [ctx.Process(target=_finish_many, args=(str(out), w, barrier, results)) for w in range(2)]
+    procs = [ctx.Process(target=target, args=(*args, w, barrier, results)) for w in range(2)]
     for p in procs:
         p.start()
     failures = [f for _ in procs for f in results.get(timeout=240)]
     for p in procs:
         p.join(timeout=60)
-    assert failures == []
+    return failures
+
+
+@pytest.mark.slow  # two spawned processes import grlib (a few seconds), then 30 aligned finishes
+def test_two_runs_finishing_the_same_output_at_once(tmp_path):
+    out = tmp_path / "outs" / "prep"
+    assert _two_at_once(_finish_many, str(out)) == []
     assert names(out.parent) == ["prep"]  # no temporary, old folder or lock file left
     assert sorted(p.name for p in out.iterdir()) == [io.MARKER, "data.txt"]
     assert (out / "data.txt").read_text() == f"try {TRIES - 1}\n"
@@ -423,16 +429,7 @@ def _prepare_at_once(out: str, data: str, worker: int, barrier, results) -> None
 @pytest.mark.slow  # two spawned processes import grlib and polars, then prepare a tiny dataset 5 times each
 def test_two_data_prepare_runs_finishing_the_same_out_at_once(tmp_path):
     out = tmp_path / "outs" / "prep"
-    ctx = multiprocessing.get_context("spawn")
-    barrier, results = ctx.Barrier(2), ctx.Queue()
-    procs = [ctx.Process(target=_prepare_at_once, args=(str(out), str(tmp_path / "data"), w, barrier, results))
-             for w in range(2)]
-    for p in procs:
-        p.start()
-    failures = [f for _ in procs for f in results.get(timeout=240)]
-    for p in procs:
-        p.join(timeout=60)
-    assert failures == []
+    assert _two_at_once(_prepare_at_once, str(out), str(tmp_path / "data")) == []
     assert names(out.parent) == ["prep"]
     assert json.loads((out / "stats.json").read_text())["dataset"] == "synthetic"
     assert list((tmp_path / "data" / "raw").iterdir()) == []
